@@ -1,0 +1,30 @@
+# The two commands of the README: `make demo` and `make test`. Both create the virtual environment first.
+PYTHON ?= python3.11
+VENV ?= .venv
+BIN := $(VENV)/bin
+PYSPARK := $(shell grep -E '^pyspark==' requirements.txt)
+
+.PHONY: venv demo test test-fast lint clean
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: requirements.txt pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -r requirements.txt
+	# the Spark provider pulls pyspark-client, whose files overwrite pyspark's: put pyspark's back
+	$(BIN)/pip install --quiet --no-deps --force-reinstall $(PYSPARK)
+	$(BIN)/pip install --quiet --no-deps -e .
+	touch $@
+
+demo: venv
+	$(BIN)/python include/views/demo/demo.py
+
+test: venv
+	$(BIN)/python -m pytest -q
+
+lint: venv
+	$(BIN)/ruff check include tests dags jobs plugins
+
+clean:
+	rm -rf $(VENV) include/views/demo/warehouse

@@ -1,0 +1,5 @@
+"""The catalog database: SQLAlchemy models, Alembic migrations, and the unit of work."""
+
+from ivm.catalog.store import Catalog
+
+__all__ = ["Catalog"]

@@ -1,0 +1,444 @@
+"""The catalog's unit of work: definitions, relation versions, log segments, watermarks, runs, leases.
+
+Publishing is one SQL transaction (DESIGN.md §3): it records the new layers of every refreshed
+relation, moves their current-version pointers and advances watermarks. It checks that every relation
+is still at the version the run read, so a run that lost its lease can never overwrite newer work.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import create_engine, delete, event, func, select
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from ivm.catalog.models import (
+    Layer,
+    Lease,
+    LogSegment,
+    Relation,
+    RelationVersion,
+    Run,
+    RunStage,
+    TableDef,
+    VersionLayer,
+    ViewDef,
+    Watermark,
+    utcnow,
+)
+from ivm.errors import CatalogError, ChangeDataError, LeaseError
+from ivm.storage import WrittenLayer
+
+log = logging.getLogger(__name__)
+
+MIGRATIONS = Path(__file__).with_name("migrations")
+
+
+def aware(dt: datetime | None) -> datetime | None:
+    """SQLite hands back naive datetimes; every time the catalog writes is UTC."""
+    if dt is not None and dt.tzinfo is None:
+        return dt.replace(tzinfo=UTC)
+    return dt
+
+
+def mask_url(url: str) -> str:
+    """A catalog URL fit for logs and messages: the password replaced by ***."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - an unparsable URL is shown without anything after '@'
+        return url.split("@")[-1]
+
+
+@dataclass(frozen=True)
+class LayerRef:
+    id: str
+    kind: str
+    path: str
+    rows: int | None
+    bytes: int | None
+
+
+@dataclass(frozen=True)
+class RelationState:
+    """A relation's current version as a run reads it: the layers to scan, in order."""
+
+    name: str
+    version_id: int | None
+    version: int
+    layers: tuple[LayerRef, ...] = ()
+
+    @property
+    def base(self) -> LayerRef | None:
+        return self.layers[0] if self.layers and self.layers[0].kind == "base" else None
+
+    @property
+    def deltas(self) -> tuple[LayerRef, ...]:
+        return tuple(layer for layer in self.layers if layer.kind == "delta")
+
+
+@dataclass(frozen=True)
+class SegmentRef:
+    id: int
+    table: str
+    path: str
+    min_commit_version: int
+    max_commit_version: int
+    rows: int
+    appended_at: datetime
+
+
+@dataclass
+class PublishChange:
+    """New layers for one relation. ``replace``: the version is these layers alone (load, compaction,
+    full recompute); otherwise they are appended to the layers of ``expected_version_id``."""
+
+    relation: str
+    expected_version_id: int | None
+    layers: Sequence[WrittenLayer]
+    replace: bool = False
+
+
+@dataclass
+class StageRecord:
+    stage: str
+    relation: str | None = None
+    mode: str | None = None
+    rows_in: int | None = None
+    rows_out: int | None = None
+    delta_rows: int | None = None
+    seconds: float | None = None
+    status: str = "succeeded"
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+class Catalog:
+    """The catalog database behind one SQLAlchemy URL (SQLite by default, PostgreSQL in production)."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self.masked_url = mask_url(url)
+        try:
+            self.engine = create_engine(url, pool_pre_ping=True)
+        except (SQLAlchemyError, ImportError) as e:
+            raise CatalogError(f"catalog {self.masked_url}: {e}") from e
+        if self.engine.dialect.name == "sqlite":
+            event.listen(self.engine, "connect", _sqlite_pragmas)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    @classmethod
+    def open(cls, url: str) -> Catalog:
+        """Connect and bring the schema up to date with the Alembic migrations."""
+        catalog = cls(url)
+        catalog.upgrade()
+        return catalog
+
+    def upgrade(self) -> None:
+        if self.url.startswith("sqlite:///"):
+            Path(self.url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+        cfg = Config()
+        cfg.set_main_option("script_location", str(MIGRATIONS))
+        try:
+            with self.engine.begin() as conn:
+                cfg.attributes["connection"] = conn
+                command.upgrade(cfg, "head")
+        except OperationalError as e:
+            raise CatalogError(f"catalog {self.masked_url} is unreachable: {str(e.orig).strip().splitlines()[0]}") from e
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        """One unit of work: committed when the block ends, rolled back if it raises."""
+        s = self._sessions()
+        try:
+            yield s
+            s.commit()
+        except BaseException:
+            s.rollback()
+            raise
+        finally:
+            s.close()
+
+    # -- definitions ------------------------------------------------------------------------------
+
+    def table_defs(self) -> dict[str, TableDef]:
+        with self.session() as s:
+            return {t.name: t for t in s.scalars(select(TableDef))}
+
+    def view_defs(self) -> dict[str, ViewDef]:
+        with self.session() as s:
+            return {v.name: v for v in s.scalars(select(ViewDef))}
+
+    def save_definitions(self, tables: dict[str, dict[str, Any]], views: dict[str, dict[str, Any]]) -> list[str]:
+        """Create or update table and view definitions in one transaction; returns what changed."""
+        changes: list[str] = []
+        now = utcnow()
+        with self.session() as s:
+            for name, spec in tables.items():
+                row = s.get(TableDef, name)
+                if row is None:
+                    s.add(TableDef(name=name, created_at=now, updated_at=now, **spec))
+                    s.add(Relation(name=name, kind="table"))
+                    changes.append(f"created table {name}")
+                elif any(getattr(row, k) != v for k, v in spec.items()):
+                    for k, v in spec.items():
+                        setattr(row, k, v)
+                    row.updated_at = now
+                    changes.append(f"updated table {name}")
+            for name, spec in views.items():
+                row = s.get(ViewDef, name)
+                if row is None:
+                    s.add(ViewDef(name=name, created_at=now, updated_at=now, **spec))
+                    s.add(Relation(name=name, kind="view"))
+                    changes.append(f"created view {name}")
+                elif any(getattr(row, k) != v for k, v in spec.items()):
+                    for k, v in spec.items():
+                        setattr(row, k, v)
+                    row.updated_at = now
+                    changes.append(f"updated view {name}")
+        return changes
+
+    # -- relations and versions --------------------------------------------------------------------
+
+    def state(self, name: str, session: Session | None = None) -> RelationState:
+        """The current version of a relation (version 0 with no layers if it has none yet)."""
+        if session is None:
+            with self.session() as s:
+                return self.state(name, s)
+        rel = session.get(Relation, name)
+        if rel is None or rel.current_version_id is None:
+            return RelationState(name, None, 0)
+        version = session.get(RelationVersion, rel.current_version_id)
+        assert version is not None, f"relation {name} points at a missing version"
+        return RelationState(name, version.id, version.version, tuple(
+            LayerRef(layer.id, layer.kind, layer.path, layer.rows, layer.bytes) for layer in version.layers))
+
+    # -- change logs ---------------------------------------------------------------------------------
+
+    def last_commit_version(self, table: str) -> int:
+        """The newest commit version in the table's log, else its snapshot watermark, else 0."""
+        with self.session() as s:
+            newest = s.scalar(select(func.max(LogSegment.max_commit_version))
+                              .where(LogSegment.table_name == table))
+            if newest is not None:
+                return int(newest)
+            wm = s.get(Watermark, (table, table))
+            return int(wm.commit_version) if wm else 0
+
+    def segment_by_hash(self, table: str, content_hash: str) -> SegmentRef | None:
+        with self.session() as s:
+            seg = s.scalar(select(LogSegment).where(LogSegment.table_name == table,
+                                                    LogSegment.content_hash == content_hash))
+            return _segment_ref(seg) if seg else None
+
+    def add_segment(self, table: str, path: str, source: str, source_format: str, content_hash: str,
+                    min_version: int, max_version: int, rows: int) -> SegmentRef:
+        """Record an appended segment: the commit point of `ivm log append`.
+
+        Commit versions normally come after the log's last one. A late commit (out-of-order delivery,
+        or the missing change a refused refresh asked for) may fill a gap below it, provided no
+        relation has absorbed that far, no segment holds versions in its range, and no run is
+        refreshing the table. The (table, content hash) constraint makes appending the same file
+        twice a no-op even when two appends race.
+        """
+        with self.session() as s:
+            newest = s.scalar(select(func.max(LogSegment.max_commit_version))
+                              .where(LogSegment.table_name == table))
+            if newest is not None and min_version <= newest:
+                absorbed = s.scalar(select(func.max(Watermark.commit_version))
+                                    .where(Watermark.source_table == table)) or 0
+                if min_version <= absorbed:
+                    raise ChangeDataError(f"table {table}: commit version {min_version} is not after the last "
+                                          f"absorbed commit version {absorbed}; nothing was stored")
+                overlap = s.scalar(select(LogSegment).where(LogSegment.table_name == table,
+                                                            LogSegment.min_commit_version <= max_version,
+                                                            LogSegment.max_commit_version >= min_version))
+                if overlap is not None:
+                    raise ChangeDataError(
+                        f"table {table}: commit versions {min_version}..{max_version} overlap segment {overlap.id} "
+                        f"({overlap.min_commit_version}..{overlap.max_commit_version}); nothing was stored")
+                lease = s.get(Lease, table)
+                if lease is not None:
+                    raise LeaseError(f"table {table} is being refreshed by run {lease.run_id}; "
+                                     "append a late commit after it ends")
+            seg = LogSegment(table_name=table, path=path, source=source, source_format=source_format,
+                             content_hash=content_hash, min_commit_version=min_version,
+                             max_commit_version=max_version, rows=rows)
+            s.add(seg)
+            s.flush()
+            return _segment_ref(seg)
+
+    def segments(self, table: str, after: int, upto: int) -> list[SegmentRef]:
+        """The segments holding commit versions in (after, upto], in commit order."""
+        with self.session() as s:
+            rows = s.scalars(select(LogSegment)
+                             .where(LogSegment.table_name == table,
+                                    LogSegment.max_commit_version > after,
+                                    LogSegment.min_commit_version <= upto)
+                             .order_by(LogSegment.min_commit_version))
+            return [_segment_ref(r) for r in rows]
+
+    def all_segments(self) -> list[SegmentRef]:
+        with self.session() as s:
+            return [_segment_ref(r) for r in s.scalars(select(LogSegment).order_by(LogSegment.id))]
+
+    def watermarks(self) -> dict[tuple[str, str], int]:
+        with self.session() as s:
+            return {(w.relation, w.source_table): int(w.commit_version) for w in s.scalars(select(Watermark))}
+
+    # -- runs ------------------------------------------------------------------------------------
+
+    def start_run(self, run_id: str, kind: str, snapshot: dict[str, int] | None = None,
+                  relations: Iterable[str] = (), mode: str | None = None) -> None:
+        with self.session() as s:
+            s.add(Run(id=run_id, kind=kind, status="running", mode=mode, snapshot=snapshot or {},
+                      relations=list(relations)))
+
+    def record_stage(self, run_id: str, stage: StageRecord) -> None:
+        with self.session() as s:
+            s.add(RunStage(run_id=run_id, **stage.__dict__))
+
+    def finish_run(self, run_id: str, status: str, error: str | None = None) -> None:
+        with self.session() as s:
+            run = s.get(Run, run_id)
+            if run is not None:
+                run.status, run.error, run.finished_at = status, error, utcnow()
+            s.execute(delete(Lease).where(Lease.run_id == run_id))
+
+    def runs(self, limit: int = 20, kind: str | None = None) -> list[Run]:
+        with self.session() as s:
+            q = select(Run).order_by(Run.started_at.desc(), Run.id.desc()).limit(limit)
+            if kind:
+                q = q.where(Run.kind == kind)
+            return list(s.scalars(q))
+
+    def run(self, run_id: str) -> Run | None:
+        with self.session() as s:
+            return s.get(Run, run_id)
+
+    # -- leases ----------------------------------------------------------------------------------
+
+    def acquire_leases(self, run_id: str, relations: Iterable[str], timeout: timedelta) -> None:
+        """Take the refresh lease on every relation, all or none. A lease past its expiry belongs to a
+        crashed run and is taken over."""
+        now = utcnow()
+        try:
+            with self.session() as s:
+                for name in sorted(set(relations)):
+                    lease = s.get(Lease, name, with_for_update=True)
+                    if lease is not None and lease.run_id != run_id:
+                        if aware(lease.expires_at) > now:
+                            raise LeaseError(f"{name} is being refreshed by run {lease.run_id} "
+                                             f"(since {aware(lease.acquired_at):%Y-%m-%d %H:%M:%S} UTC)")
+                        log.warning("taking over the expired lease of run %s on %s", lease.run_id, name)
+                        s.delete(lease)
+                        s.flush()
+                        lease = None
+                    if lease is None:
+                        s.add(Lease(relation=name, run_id=run_id, acquired_at=now, expires_at=now + timeout))
+        except IntegrityError as e:
+            raise LeaseError(f"another run took a lease on {', '.join(sorted(relations))} at the same time") from e
+
+    def release_leases(self, run_id: str) -> None:
+        with self.session() as s:
+            s.execute(delete(Lease).where(Lease.run_id == run_id))
+
+    # -- publish ---------------------------------------------------------------------------------
+
+    def publish(self, run_id: str, changes: Sequence[PublishChange],
+                watermarks: dict[tuple[str, str], int], stages: Sequence[StageRecord] = (),
+                status: str = "succeeded") -> dict[str, int]:
+        """The commit point: new versions of every changed relation, watermarks, and the run's outcome,
+        in one transaction. Returns the new version number of each relation."""
+        now = utcnow()
+        published: dict[str, int] = {}
+        with self.session() as s:
+            for change in changes:
+                rel = s.get(Relation, change.relation, with_for_update=True)
+                if rel is None:
+                    raise CatalogError(f"relation {change.relation} is not in the catalog (run `ivm apply`)")
+                if rel.current_version_id != change.expected_version_id:
+                    raise CatalogError(f"{change.relation} changed since run {run_id} read it; "
+                                       "nothing was published")
+                previous = s.get(RelationVersion, rel.current_version_id) if rel.current_version_id else None
+                kept = [] if change.replace or previous is None else [e.layer_id for e in previous.entries]
+                for w in change.layers:
+                    s.add(Layer(id=w.id, relation=w.relation, kind=w.kind, path=w.path, rows=w.rows,
+                                bytes=w.bytes, run_id=run_id, created_at=now))
+                number = (previous.version if previous else 0) + 1
+                version = RelationVersion(relation=change.relation, version=number, run_id=run_id, created_at=now)
+                for pos, layer_id in enumerate([*kept, *(w.id for w in change.layers)]):
+                    version.entries.append(VersionLayer(position=pos, layer_id=layer_id))
+                s.add(version)
+                s.flush()
+                if previous is not None:
+                    previous.superseded_at = now
+                rel.current_version_id = version.id
+                published[change.relation] = number
+            for (relation, source), commit_version in watermarks.items():
+                wm = s.get(Watermark, (relation, source))
+                if wm is None:
+                    s.add(Watermark(relation=relation, source_table=source, commit_version=commit_version,
+                                    updated_at=now))
+                else:
+                    wm.commit_version, wm.updated_at = commit_version, now
+            for stage in stages:
+                s.add(RunStage(run_id=run_id, **stage.__dict__))
+            run = s.get(Run, run_id)
+            if run is not None:
+                run.status, run.finished_at = status, now
+            s.execute(delete(Lease).where(Lease.run_id == run_id))
+        return published
+
+    # -- garbage collection ----------------------------------------------------------------------
+
+    def expired_versions(self, before: datetime) -> list[int]:
+        """Versions replaced before ``before``: readers no longer need them."""
+        with self.session() as s:
+            return list(s.scalars(select(RelationVersion.id).where(RelationVersion.superseded_at.is_not(None),
+                                                                   RelationVersion.superseded_at < before)))
+
+    def drop_versions(self, version_ids: Sequence[int]) -> list[LayerRef]:
+        """Forget versions; returns the layers no remaining version references (their files may go)."""
+        with self.session() as s:
+            if version_ids:
+                s.execute(delete(VersionLayer).where(VersionLayer.version_id.in_(version_ids)))
+                s.execute(delete(RelationVersion).where(RelationVersion.id.in_(version_ids)))
+            used = select(VersionLayer.layer_id)
+            orphans = list(s.scalars(select(Layer).where(Layer.id.not_in(used))))
+            for layer in orphans:
+                s.delete(layer)
+            return [LayerRef(x.id, x.kind, x.path, x.rows, x.bytes) for x in orphans]
+
+    def known_layer_paths(self) -> set[str]:
+        with self.session() as s:
+            return set(s.scalars(select(Layer.path)))
+
+    def drop_segments(self, segment_ids: Sequence[int]) -> None:
+        with self.session() as s:
+            s.execute(delete(LogSegment).where(LogSegment.id.in_(segment_ids)))
+
+
+def _segment_ref(seg: LogSegment) -> SegmentRef:
+    return SegmentRef(seg.id, seg.table_name, seg.path, int(seg.min_commit_version),
+                      int(seg.max_commit_version), int(seg.rows), aware(seg.appended_at))
+
+
+def _sqlite_pragmas(dbapi_connection, _record) -> None:
+    # WAL lets readers (Airflow tasks, `ivm show`) proceed while a run publishes
+    cur = dbapi_connection.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA busy_timeout=30000")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.close()

@@ -1,0 +1,180 @@
+"""Bringing files into the warehouse: change-log appends and initial snapshot loads.
+
+Both read the file with Spark, check every row (one job), and only then write: a bad file stores
+nothing. A log append becomes one immutable Parquet segment under ``log/<table>/``; the catalog row
+that records it is the commit. The same file appended twice is recognised by its content hash and
+applied once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow.fs as pafs
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from ivm.catalog import Catalog
+from ivm.catalog.store import PublishChange, SegmentRef, StageRecord
+from ivm.changes.reader import BAD, RAW, SEQ, describe_row, read_cdf, read_debezium, read_snapshot
+from ivm.config import CHANGE_TYPE, COMMIT_VERSION, COUNT_COLUMN, TableConfig
+from ivm.errors import ChangeDataError
+from ivm.storage import Warehouse, new_id
+
+log = logging.getLogger(__name__)
+
+LOG_FORMATS = ("cdf", "debezium")
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    table: str
+    segment: SegmentRef | None
+    rows: int
+    duplicate_of: SegmentRef | None = None
+
+    def describe(self) -> str:
+        if self.duplicate_of is not None:
+            seg = self.duplicate_of
+            return (f"{self.table}: this file was already appended as segment {seg.id} "
+                    f"(commit versions {seg.min_commit_version}..{seg.max_commit_version}); nothing to do")
+        if self.segment is None:
+            return f"{self.table}: the file holds no changes; nothing appended"
+        seg = self.segment
+        versions = (f"commit version {seg.min_commit_version}" if seg.min_commit_version == seg.max_commit_version
+                    else f"commit versions {seg.min_commit_version}..{seg.max_commit_version}")
+        return f"{self.table}: appended {self.rows} changes as {versions} (segment {seg.id})"
+
+
+def content_hash(path: str) -> str:
+    """SHA-256 of a file, or of a directory's files in name order (a Parquet directory)."""
+    digest = hashlib.sha256()
+    if "://" in path:
+        fs, root = pafs.FileSystem.from_uri(path)
+        infos = fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=False)) \
+            if fs.get_file_info(root).type == pafs.FileType.Directory else [fs.get_file_info(root)]
+        for info in sorted((i for i in infos if i.type == pafs.FileType.File), key=lambda i: i.path):
+            with fs.open_input_stream(info.path) as f:
+                while chunk := f.read(1 << 20):
+                    digest.update(chunk)
+        return digest.hexdigest()
+    p = Path(path)
+    files = sorted(x for x in p.rglob("*") if x.is_file() and not x.name.startswith((".", "_"))) if p.is_dir() else [p]
+    for file in files:
+        with file.open("rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _first_bad_row(df: DataFrame, name: str, table: TableConfig, path: str, with_version: bool) -> None:
+    """Raise for the first row (in file order) the reader marked bad."""
+    bad = df.where(F.col(BAD).isNotNull()).orderBy(SEQ).limit(1).collect()
+    if bad:
+        row = bad[0]
+        version = f"commit version {row[COMMIT_VERSION]}, " if with_version and row[COMMIT_VERSION] is not None else ""
+        raise ChangeDataError(f"table {name}: {path}: {version}row {row[RAW].strip()}: {row[BAD]}; "
+                              "nothing was stored")
+
+
+def append_log(spark: SparkSession, catalog: Catalog, warehouse: Warehouse, name: str, table: TableConfig,
+               path: str, fmt: str = "cdf") -> AppendResult:
+    """`ivm log append`: validate a change file and store it as the table's next log segment."""
+    if fmt not in LOG_FORMATS:
+        raise ChangeDataError(f"unknown change format {fmt!r}; use one of {', '.join(LOG_FORMATS)}")
+    digest = content_hash(path) if "://" in path or Path(path).exists() else ""
+    if not digest:
+        raise ChangeDataError(f"file {path!r} not found")
+    earlier = catalog.segment_by_hash(name, digest)
+    if earlier is not None:
+        return AppendResult(name, None, 0, duplicate_of=earlier)
+    changes = (read_cdf if fmt == "cdf" else read_debezium)(spark, name, table, path).cache()
+    try:
+        # one job for the whole file: row count, bad rows, commit-version range
+        stats = changes.agg(F.count(F.lit(1)).alias("rows"),
+                            F.count(BAD).alias("bad"),
+                            F.min(COMMIT_VERSION).alias("lo"), F.max(COMMIT_VERSION).alias("hi"),
+                            F.count(COMMIT_VERSION).alias("versioned")).collect()[0]
+        if stats.bad:
+            _first_bad_row(changes, name, table, path, with_version=True)
+        if stats.rows == 0:
+            return AppendResult(name, None, 0)
+        last = catalog.last_commit_version(name)
+        if stats.versioned == 0:
+            # a file without _commit_version is one transaction with the next number (DESIGN.md §4)
+            lo = hi = last + 1
+        elif stats.versioned != stats.rows:
+            missing = changes.where(F.col(COMMIT_VERSION).isNull()).orderBy(SEQ).limit(1).collect()[0]
+            raise ChangeDataError(f"table {name}: {path}: row {describe_row(missing, table.columns)} has no "
+                                  f"{COMMIT_VERSION} while other rows do; nothing was stored")
+        else:  # the catalog checks the range when it records the segment
+            lo, hi = int(stats.lo), int(stats.hi)
+        segment_path = warehouse.log_path(name, new_id(f"{lo:020d}-"))
+        (changes.select(*[F.col(f"`{c}`") for c in table.columns], F.col(CHANGE_TYPE),
+                        F.coalesce(F.col(COMMIT_VERSION), F.lit(lo).cast("long")).alias(COMMIT_VERSION),
+                        F.col(SEQ))
+                .coalesce(1).write.mode("errorifexists").parquet(segment_path))
+    finally:
+        changes.unpersist()
+    try:
+        segment = catalog.add_segment(name, segment_path, path, fmt, digest, lo, hi, int(stats.rows))
+    except BaseException:
+        warehouse.delete(segment_path)
+        raise
+    log.info("appended %s rows to the log of %s as segment %s", stats.rows, name, segment.id)
+    return AppendResult(name, segment, int(stats.rows))
+
+
+def read_log(spark: SparkSession, table: TableConfig, segments: list[SegmentRef], after: int, upto: int) -> DataFrame:
+    """The changes of the given segments with commit versions in (after, upto], in one scan."""
+    schema = f"{table.ddl()}, `{CHANGE_TYPE}` STRING, `{COMMIT_VERSION}` BIGINT, `{SEQ}` BIGINT"
+    if not segments:
+        return spark.createDataFrame([], schema)
+    return (spark.read.schema(schema).parquet(*[s.path for s in segments])
+                 .where((F.col(COMMIT_VERSION) > after) & (F.col(COMMIT_VERSION) <= upto)))
+
+
+def load_snapshot(spark: SparkSession, catalog: Catalog, warehouse: Warehouse, name: str, table: TableConfig,
+                  path: str, run_id: str, target_file_mb: int) -> tuple[int, int]:
+    """`ivm load`: a table's initial snapshot as its base layer, at commit version 0.
+
+    Refused when the table already has data or a log: later changes go through the log so every view
+    can absorb them. Keys must be unique and non-NULL. Returns (rows, new version).
+    """
+    state = catalog.state(name)
+    if state.layers or catalog.last_commit_version(name) > 0:
+        raise ChangeDataError(f"table {name} already has data or changes; append changes to its log instead")
+    rows = read_snapshot(spark, name, table, path).cache()
+    try:
+        stats = rows.agg(F.count(F.lit(1)).alias("rows"), F.count(BAD).alias("bad")).collect()[0]
+        if stats.bad:
+            _first_bad_row(rows, name, table, path, with_version=False)
+        columns = [F.col(f"`{c}`") for c in table.columns]
+        if table.keyed:
+            key = [F.col(f"`{c}`") for c in table.key or []]
+            dup = rows.groupBy(*key).count().where(F.col("count") > 1).limit(1).collect()
+            if dup:
+                raise ChangeDataError(f"table {name}: {path}: key {describe_row(dup[0], table.key or [])} "
+                                      f"occurs {dup[0]['count']} times; nothing was stored")
+            zset = rows.select(*columns, F.lit(1).cast("long").alias(COUNT_COLUMN))
+        else:
+            zset = rows.groupBy(*columns).agg(F.count(F.lit(1)).alias(COUNT_COLUMN))
+        written = warehouse.write_layer(zset, name, "base", cluster_by=table.key or list(table.columns),
+                                        files=warehouse.files_for(_input_bytes(path), target_file_mb),
+                                        run_id=run_id)
+    finally:
+        rows.unpersist()
+    published = catalog.publish(run_id, [PublishChange(name, state.version_id, [written], replace=True)],
+                                {(name, name): 0},
+                                [StageRecord("load", name, rows_in=int(stats.rows), rows_out=written.rows)])
+    return int(stats.rows), published[name]
+
+
+def _input_bytes(path: str) -> int | None:
+    p = Path(path)
+    if "://" in path or not p.exists():
+        return None
+    return sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) if p.is_dir() else p.stat().st_size

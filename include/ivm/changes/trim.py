@@ -1,0 +1,155 @@
+"""Trimming a change log into one net delta per table (002 §3, "Extracting Relevant Changes from Logs").
+
+002 §3 hashes the log entries past a view's maintenance pointer by tuple id and collapses
+insert-remove, replace-remove, replace-replace and insert-replace pairs into their net effect. Here the
+"hash table" is a Spark shuffle by key: for a keyed table, every key's chain of changes in commit order
+collapses to its first before-image against its last after-image (insert→update→delete vanishes; an
+update that restores the old row is a no-op); for an unkeyed (bag) table the net effect of a tuple is
+the sum of its signed counts. The result is a Z-set delta (DESIGN.md §2).
+
+Before anything is applied, the changes are checked in order against the snapshot they apply to
+(restricted to the keys in play), and the first bad change is reported with its table, commit version
+and row: a delete or update of a row that is not there, an insert of a key that exists, an update
+image without its partner.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pyspark import StorageLevel
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+
+from ivm.changes.reader import SEQ, describe_row
+from ivm.config import CHANGE_TYPE, COMMIT_VERSION, COUNT_COLUMN, TableConfig
+from ivm.errors import ChangeDataError
+from ivm.zset import consolidate, restrict, row_struct
+
+SIGN = "__sign"
+ROW = "__row"
+IS_OLD = "__old"
+PROBLEM = "__problem"
+ORDER = [COMMIT_VERSION, SEQ]
+
+
+def signed(ct: Column) -> Column:
+    """insert and update_postimage add a tuple (+1); delete and update_preimage remove one (−1)."""
+    return F.when(ct.isin("insert", "update_postimage"), F.lit(1)).otherwise(F.lit(-1)).cast("long")
+
+
+def _events(log: DataFrame, columns: Sequence[str]) -> DataFrame:
+    """The changes as signed events, with the update-image pairing checked per commit.
+
+    Within a commit, the k-th update_postimage pairs with the k-th update_preimage before it; so the
+    running balance of preimages over postimages never goes negative and ends at zero.
+    """
+    ct = F.col(CHANGE_TYPE)
+    step = F.when(ct == "update_preimage", 1).when(ct == "update_postimage", -1).otherwise(0)
+    in_commit = Window.partitionBy(COMMIT_VERSION)
+    balance = F.sum(step).over(in_commit.orderBy(SEQ).rowsBetween(Window.unboundedPreceding, Window.currentRow))
+    open_at_end = F.sum(step).over(in_commit)
+    pairing = (F.when((ct == "update_postimage") & (balance < 0), "update_postimage without its update_preimage")
+                .when((ct == "update_preimage") & (open_at_end > 0), "update_preimage without its update_postimage"))
+    return log.select(*[F.col(f"`{c}`") for c in columns], row_struct(columns).alias(ROW),
+                      signed(ct).alias(SIGN), F.col(COMMIT_VERSION), F.col(SEQ), ct.alias(CHANGE_TYPE),
+                      F.lit(False).alias(IS_OLD), pairing.alias("__pairing"))
+
+
+def _old_events(old: DataFrame, columns: Sequence[str], sign: Column) -> DataFrame:
+    """The snapshot's current tuples as events that come before every change."""
+    return old.select(*[F.col(f"`{c}`") for c in columns], row_struct(columns).alias(ROW), sign.alias(SIGN),
+                      F.lit(-1).cast("long").alias(COMMIT_VERSION), F.lit(-1).cast("long").alias(SEQ),
+                      F.lit(None).cast("string").alias(CHANGE_TYPE), F.lit(True).alias(IS_OLD),
+                      F.lit(None).cast("string").alias("__pairing"))
+
+
+def _keyed(events: DataFrame, snapshot: DataFrame, table: TableConfig) -> tuple[DataFrame, DataFrame]:
+    """(annotated events, net delta) for a table with a primary key."""
+    columns, key = list(table.columns), list(table.key or [])
+    touched = events.select(*[F.col(f"`{c}`") for c in key]).distinct()
+    old = consolidate(restrict(snapshot, touched, key), columns)
+    timeline = events.unionByName(_old_events(old, columns, F.lit(1).cast("long")))
+    w = Window.partitionBy(*[F.col(f"`{c}`") for c in key]).orderBy(*ORDER)
+    prev_sign, prev_row = F.lag(SIGN).over(w), F.lag(ROW).over(w)
+    present = F.coalesce(prev_sign == 1, F.lit(False))
+    sign = F.col(SIGN)
+    problem = (F.when(F.col(IS_OLD), None)
+                .when(F.col("__pairing").isNotNull(), F.col("__pairing"))
+                .when((sign < 0) & ~present, F.concat(F.col(CHANGE_TYPE), F.lit(" of a row that is not there")))
+                .when((sign < 0) & ~prev_row.eqNullSafe(F.col(ROW)),
+                      F.concat(F.col(CHANGE_TYPE), F.lit(" does not match the stored row "), F.to_json(prev_row)))
+                .when((sign > 0) & present,
+                      F.concat(F.col(CHANGE_TYPE), F.lit(" of a key that exists (stored row "), F.to_json(prev_row),
+                               F.lit(")"))))
+    annotated = timeline.withColumn(PROBLEM, problem)
+    # 002 §3: the net effect of a key's chain is its first before-image against its last after-image
+    step = F.struct(F.col(SIGN).alias("sign"), F.col(ROW).alias("row"), F.col(IS_OLD).alias("old"))
+    order = F.struct(*[F.col(c) for c in ORDER])
+    chains = annotated.groupBy(*[F.col(f"`{c}`") for c in key]).agg(
+        F.min_by(step, order).alias("first"), F.max_by(step, order).alias("last"))
+    before = F.when(F.col("first.old"), F.col("first.row"))
+    after = F.when(F.col("last.sign") > 0, F.col("last.row"))
+    noop = before.eqNullSafe(after)
+    images = F.filter(F.array(
+        F.when(before.isNotNull() & ~noop, F.struct(before.alias("row"), F.lit(-1).cast("long").alias("n"))),
+        F.when(after.isNotNull() & ~noop, F.struct(after.alias("row"), F.lit(1).cast("long").alias("n")))),
+        lambda x: x.isNotNull())
+    delta = (chains.select(F.explode(images).alias("i"))
+                   .select(*[F.col("i.row").getField(c).alias(c) for c in columns],
+                           F.col("i.n").alias(COUNT_COLUMN)))
+    return annotated, delta
+
+
+def _unkeyed(events: DataFrame, snapshot: DataFrame, table: TableConfig) -> tuple[DataFrame, DataFrame]:
+    """(annotated events, net delta) for a bag table: a tuple's net effect is the sum of its counts."""
+    columns = list(table.columns)
+    touched = events.select(*[F.col(f"`{c}`") for c in columns]).distinct()
+    old = consolidate(restrict(snapshot, touched, columns), columns)
+    timeline = events.unionByName(_old_events(old, columns, F.col(COUNT_COLUMN)))
+    w = Window.partitionBy(ROW).orderBy(*ORDER).rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    copies = F.sum(SIGN).over(w)
+    problem = (F.when(F.col(IS_OLD), None)
+                .when(F.col("__pairing").isNotNull(), F.col("__pairing"))
+                .when(copies < 0, F.concat(F.col(CHANGE_TYPE), F.lit(" of a row that is not there"))))
+    annotated = timeline.withColumn(PROBLEM, problem)
+    changes = annotated.where(~F.col(IS_OLD))
+    delta = consolidate(changes.select(*[F.col(f"`{c}`") for c in columns], F.col(SIGN).alias(COUNT_COLUMN)),
+                        columns)
+    return annotated, delta
+
+
+@dataclass
+class NetDelta:
+    """A table's net delta (a Z-set) and the cached change timeline it was computed from."""
+
+    delta: DataFrame
+    _cached: DataFrame
+
+    def release(self) -> None:
+        self._cached.unpersist()
+
+
+def trim(name: str, table: TableConfig, log: DataFrame, snapshot: DataFrame) -> NetDelta:
+    """The net delta of ``log`` (the changes in the refresh's range, in any order) against ``snapshot``
+    (the table's current layers, unconsolidated).
+
+    Raises `ChangeDataError` naming table, commit version and row for the first change, in commit
+    order, that does not apply. The check and the delta share one cached timeline (two Spark jobs).
+    """
+    events = _events(log, list(table.columns))
+    annotated, delta = (_keyed if table.keyed else _unkeyed)(events, snapshot, table)
+    annotated = annotated.persist(StorageLevel.MEMORY_AND_DISK)
+    result = NetDelta(delta, annotated)
+    try:
+        first = annotated.where(F.col(PROBLEM).isNotNull()).orderBy(*ORDER).limit(1).collect()
+    except BaseException:
+        result.release()
+        raise
+    if first:
+        result.release()
+        bad = first[0]
+        raise ChangeDataError(f"table {name}: commit version {bad[COMMIT_VERSION]}, row "
+                              f"{describe_row(bad, table.columns)}: {bad[PROBLEM]}; nothing was applied")
+    return result

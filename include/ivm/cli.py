@@ -1,0 +1,192 @@
+"""The `ivm` command (DESIGN.md §8). Every command takes ``--project PATH`` (else $IVM_PROJECT, else
+./ivm.yaml); bad input ends with a one-line ``ivm: error: ...`` and a non-zero exit code."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import logging
+import sys
+import time
+from collections.abc import Sequence
+
+from tabulate import tabulate
+
+from ivm.errors import IvmError
+
+log = logging.getLogger("ivm")
+
+
+def _out(line: str = "") -> None:
+    print(line, flush=True)
+
+
+def _open(args):
+    from ivm.project import Project
+
+    return Project.open(args.project)
+
+
+def cmd_apply(args) -> int:
+    project = _open(args)
+    changes = project.apply()
+    for line in changes or ["nothing changed"]:
+        _out(line)
+    _out(f"catalog: {project.catalog.masked_url}")
+    return 0
+
+
+def cmd_load(args) -> int:
+    project = _open(args)
+    rows, version = project.load(args.table, args.file)
+    _out(f"{args.table}: loaded {rows} rows as version {version}")
+    return 0
+
+
+def cmd_log_append(args) -> int:
+    project = _open(args)
+    result = project.append(args.table, args.file, args.format)
+    _out(result.describe())
+    return 0
+
+
+def cmd_refresh(args) -> int:
+    project = _open(args)
+    if args.views:
+        unknown = [v for v in args.views if v not in project.config.views]
+        raise IvmError(f"unknown view {unknown[0]!r}" if unknown else
+                       "refreshing views is not available yet: this version refreshes base-table snapshots")
+    result = project.refresh(progress=_out)
+    if result.tables:
+        _out(tabulate(result.summary_rows(), headers=result.SUMMARY_HEADERS, tablefmt="simple"))
+    _out(f"refresh {result.status} in {result.seconds:.2f} s")
+    return 0
+
+
+def cmd_show(args) -> int:
+    project = _open(args)
+    df = project.read(args.name)
+    columns = df.columns
+    df = df.orderBy(*columns)
+    limit = args.limit if args.limit is not None else (20 if args.format == "table" else None)
+    if limit is not None:
+        rows = [tuple(r) for r in df.limit(limit).collect()]
+    else:  # stream, never the whole relation on the driver at once
+        rows = (tuple(r) for r in df.toLocalIterator())
+    if args.format == "csv":
+        writer = csv.writer(sys.stdout, lineterminator="\n")
+        writer.writerow(columns)
+        writer.writerows(rows)
+    elif args.format == "json":
+        for r in rows:
+            sys.stdout.write(json.dumps(dict(zip(columns, r, strict=True)), default=str) + "\n")
+    else:
+        _out(tabulate(list(rows), headers=columns, tablefmt="psql", missingval="NULL"))
+    return 0
+
+
+def cmd_runs(args) -> int:
+    project = _open(args)
+    table = []
+    for run in project.runs(args.limit):
+        seconds = (run.finished_at - run.started_at).total_seconds() if run.finished_at else None
+        deltas = ", ".join(f"{s.relation}:{s.delta_rows}" for s in run.stages if s.delta_rows is not None)
+        table.append([run.id, run.kind, run.status, run.mode or "",
+                      ", ".join(f"{k}@{v}" for k, v in sorted(run.snapshot.items()) if k in run.relations),
+                      deltas, f"{seconds:.2f}" if seconds is not None else "", (run.error or "")[:80]])
+    _out(tabulate(table, headers=["run", "kind", "status", "mode", "snapshot", "delta rows", "seconds", "error"],
+                  tablefmt="simple") if table else "no runs yet")
+    return 0
+
+
+def cmd_compact(args) -> int:
+    project = _open(args)
+    done = project.compact(args.relations or None, force=args.force, progress=_out)
+    if not done:
+        _out("nothing to compact")
+    return 0
+
+
+def cmd_gc(args) -> int:
+    project = _open(args)
+    _out(project.gc().describe())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--project", metavar="PATH",
+                        help="project file (default: $IVM_PROJECT, else ./ivm.yaml)")
+    common.add_argument("-v", "--verbose", action="store_true", help="log progress details and tracebacks")
+    parser = argparse.ArgumentParser(prog="ivm", parents=[common],
+                                     description="Incremental view maintenance for Apache Spark.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("apply", parents=[common], help="create or update tables and views in the catalog")
+    p.set_defaults(func=cmd_apply)
+
+    p = sub.add_parser("load", parents=[common], help="load a table's initial snapshot (Parquet, CSV, JSON lines)")
+    p.add_argument("table")
+    p.add_argument("file")
+    p.set_defaults(func=cmd_load)
+
+    p = sub.add_parser("log", parents=[common], help="change logs")
+    log_sub = p.add_subparsers(dest="log_command", required=True, metavar="ACTION")
+    p = log_sub.add_parser("append", parents=[common], help="append a change file to a table's log")
+    p.add_argument("table")
+    p.add_argument("file")
+    p.add_argument("--format", choices=["cdf", "debezium"], default="cdf",
+                   help="cdf: the table's columns + _change_type [+ _commit_version] (default); "
+                        "debezium: Debezium change events, JSON lines")
+    p.set_defaults(func=cmd_log_append)
+
+    p = sub.add_parser("refresh", parents=[common], help="bring every relation to the newest snapshot")
+    p.add_argument("views", nargs="*", metavar="VIEW")
+    p.set_defaults(func=cmd_refresh)
+
+    p = sub.add_parser("show", parents=[common], help="print a table as SQL would return it")
+    p.add_argument("name")
+    p.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    p.add_argument("--limit", type=int, help="at most N rows (default 20 for --format table, all otherwise)")
+    p.set_defaults(func=cmd_show)
+
+    p = sub.add_parser("runs", parents=[common], help="run history")
+    p.add_argument("--limit", type=int, default=20)
+    p.set_defaults(func=cmd_runs)
+
+    p = sub.add_parser("compact", parents=[common],
+                       help="merge layers of relations past the compaction threshold into new base layers")
+    p.add_argument("relations", nargs="*", metavar="RELATION")
+    p.add_argument("--force", action="store_true", help="compact every named relation with more than one layer")
+    p.set_defaults(func=cmd_compact)
+
+    p = sub.add_parser("gc", parents=[common],
+                       help="delete versions, layers and log segments past the retention period")
+    p.set_defaults(func=cmd_gc)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    for noisy in ("py4j", "alembic"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    started = time.perf_counter()
+    try:
+        code = args.func(args)
+    except IvmError as e:
+        print(f"ivm: error: {e}", file=sys.stderr, flush=True)
+        if args.verbose:
+            log.exception("details")
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("ivm: interrupted", file=sys.stderr)
+        return 130
+    log.info("%s took %.2f s", args.command, time.perf_counter() - started)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,290 @@
+"""The project file (`ivm.yaml`): tables, keys, views and settings, read with pydantic.
+
+The contract is DESIGN.md §8. Every error names the field (``tables.link.key``) and is one line.
+Relative paths (warehouse, SQLite catalog, view files) are resolved against the project file's folder,
+so a project works from any current directory.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from sqlglot import exp
+from sqlglot.errors import ParseError
+
+from ivm.errors import ConfigError
+
+PROJECT_ENV = "IVM_PROJECT"
+DEFAULT_PROJECT = "ivm.yaml"
+
+#: Columns ivm adds to relations and change logs; user columns may not use these names.
+COUNT_COLUMN = "__count"
+CHANGE_TYPE = "_change_type"
+COMMIT_VERSION = "_commit_version"
+RESERVED_COLUMNS = frozenset({COUNT_COLUMN, CHANGE_TYPE, COMMIT_VERSION, "_seq", "_segment"})
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _check_name(kind: str, name: str) -> str:
+    if not _NAME.match(name):
+        raise ValueError(f"{kind} name {name!r} is not an identifier (letters, digits, _)")
+    return name
+
+
+def spark_type(type_text: str) -> str:
+    """Validate a Spark SQL type with sqlglot and return its canonical Spark DDL text.
+
+    Map types are refused: Spark cannot group or compare them, and every relation here is
+    consolidated by grouping on all its columns.
+    """
+    try:
+        parsed = exp.DataType.build(type_text, dialect="spark")
+    except (ParseError, ValueError) as e:
+        raise ValueError(f"{type_text!r} is not a Spark SQL type") from e
+    if any(t.this == exp.DataType.Type.MAP for t in parsed.find_all(exp.DataType)):
+        raise ValueError(f"{type_text!r}: map types are not supported (Spark cannot group by them); "
+                         "use array<struct<key: ..., value: ...>>")
+    if parsed.this == exp.DataType.Type.USERDEFINED:
+        raise ValueError(f"{type_text!r} is not a Spark SQL type")
+    return parsed.sql(dialect="spark")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SparkSettings(_Model):
+    """How ivm starts Spark when it runs in-process (`ivm refresh`, the demo, tests)."""
+
+    master: str = "local[2]"
+    conf: dict[str, str] = Field(default_factory=dict)
+
+
+class StorageSettings(_Model):
+    """Layers, compaction and garbage collection (DESIGN.md §3)."""
+
+    #: compact a relation when it has more delta layers than this ...
+    compact_max_layers: int = Field(default=10, ge=1)
+    #: ... or when its delta layers hold more bytes than this fraction of its base layer ...
+    compact_delta_ratio: float = Field(default=0.5, gt=0)
+    #: ... and at least this many MiB
+    compact_min_delta_mb: float = Field(default=4.0, ge=0)
+    #: versions, layers and log segments no retained version needs are deleted after this many hours
+    retention_hours: float = Field(default=168.0, ge=0)
+    #: target size of one base-layer file when compaction rewrites a relation
+    target_file_mb: int = Field(default=128, ge=1)
+    #: a refresh lease older than this is considered abandoned by a crashed run
+    lease_timeout_minutes: float = Field(default=120.0, gt=0)
+
+
+class ValidateSettings(_Model):
+    """Sampled recomputation after each refresh (DESIGN.md §7)."""
+
+    sample: int = Field(default=1000, ge=0)
+    policy: Literal["fail", "warn"] = "fail"
+
+
+class TableConfig(_Model):
+    """A base table: declared columns, an optional primary key, alternate keys and foreign keys."""
+
+    columns: dict[str, str]
+    key: list[str] | None = None
+    unique: list[list[str]] = Field(default_factory=list)
+    references: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("columns")
+    @classmethod
+    def _columns(cls, columns: dict[str, str]) -> dict[str, str]:
+        if not columns:
+            raise ValueError("a table needs at least one column")
+        out = {}
+        for name, type_text in columns.items():
+            _check_name("column", name)
+            if name in RESERVED_COLUMNS or name.startswith("__"):
+                raise ValueError(f"column name {name!r} is reserved by ivm")
+            out[name] = spark_type(str(type_text))
+        return out
+
+    @model_validator(mode="after")
+    def _keys_name_columns(self) -> TableConfig:
+        for label, cols in [("key", self.key or [])] + [("unique", u) for u in self.unique]:
+            if label == "key" and self.key is not None and not cols:
+                raise ValueError("key: an empty key; omit `key` for a table without one")
+            for c in cols:
+                if c not in self.columns:
+                    raise ValueError(f"{label}: unknown column {c!r}")
+            if len(set(cols)) != len(cols):
+                raise ValueError(f"{label}: a column is repeated in {cols}")
+        for col, target in self.references.items():
+            if col not in self.columns:
+                raise ValueError(f"references: unknown column {col!r}")
+            if target.count(".") != 1:
+                raise ValueError(f"references.{col}: {target!r} is not of the form table.column")
+        return self
+
+    @property
+    def keyed(self) -> bool:
+        return bool(self.key)
+
+    def ddl(self) -> str:
+        """The table's schema as a Spark DDL string (``a INT, b STRING``)."""
+        return ", ".join(f"`{c}` {t}" for c, t in self.columns.items())
+
+
+class ViewConfig(_Model):
+    """A view: SQL or Datalog (inline text or a file path) and its per-view options."""
+
+    sql: str | None = None
+    datalog: str | None = None
+    schedule: str | None = None
+    validate_: ValidateSettings = Field(default_factory=ValidateSettings, alias="validate")
+    mode: Literal["auto", "incremental", "full"] = "auto"
+    strategy: Literal["counting", "keyed", "reduce"] | None = None
+    #: the file the definition came from, if any (set by the loader)
+    source: str | None = None
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _one_language(self) -> ViewConfig:
+        if (self.sql is None) == (self.datalog is None):
+            raise ValueError("a view needs exactly one of `sql` or `datalog`")
+        return self
+
+    @property
+    def language(self) -> str:
+        return "sql" if self.sql is not None else "datalog"
+
+    @property
+    def definition(self) -> str:
+        return self.sql if self.sql is not None else self.datalog  # type: ignore[return-value]
+
+
+class ProjectConfig(_Model):
+    """The whole project file. ``root`` is the folder relative paths are resolved against."""
+
+    warehouse: str = "./warehouse"
+    catalog: str | None = None
+    spark: SparkSettings = Field(default_factory=SparkSettings)
+    storage: StorageSettings = Field(default_factory=StorageSettings)
+    tables: dict[str, TableConfig] = Field(default_factory=dict)
+    views: dict[str, ViewConfig] = Field(default_factory=dict)
+    root: str = "."
+
+    @field_validator("tables", "views")
+    @classmethod
+    def _names(cls, items: dict) -> dict:
+        for name in items:
+            _check_name("relation", name)
+        return items
+
+    @model_validator(mode="after")
+    def _cross_references(self) -> ProjectConfig:
+        for name in self.views:
+            if name in self.tables:
+                raise ValueError(f"views.{name}: a table has the same name")
+        for tname, table in self.tables.items():
+            for col, target in table.references.items():
+                ref_table, ref_col = target.split(".")
+                if ref_table not in self.tables:
+                    raise ValueError(f"tables.{tname}.references.{col}: unknown table {ref_table!r}")
+                if ref_col not in self.tables[ref_table].columns:
+                    raise ValueError(f"tables.{tname}.references.{col}: table {ref_table!r} has no column {ref_col!r}")
+        return self
+
+    # -- resolved locations -------------------------------------------------------------------------
+
+    @property
+    def warehouse_uri(self) -> str:
+        """The warehouse as Spark sees it: an absolute local path, or a URI with a scheme."""
+        return _resolve_location(self.warehouse, Path(self.root))
+
+    @property
+    def warehouse_is_local(self) -> bool:
+        return "://" not in self.warehouse_uri
+
+    @property
+    def catalog_url(self) -> str:
+        """The SQLAlchemy URL of the catalog; SQLite in the warehouse unless the file says otherwise."""
+        if self.catalog is None:
+            if not self.warehouse_is_local:
+                raise ConfigError("catalog: required when the warehouse is not a local folder")
+            return f"sqlite:///{Path(self.warehouse_uri) / 'catalog.db'}"
+        url = self.catalog
+        if url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
+            rel = url[len("sqlite:///"):]
+            if rel and rel != ":memory:":
+                return f"sqlite:///{(Path(self.root) / rel).resolve()}"
+        return url
+
+
+def _resolve_location(location: str, root: Path) -> str:
+    if location.startswith("file://"):
+        location = location[len("file://"):]
+    if "://" in location:
+        return location.rstrip("/")
+    return str((root / location).resolve())
+
+
+def _read_definition(view: dict, root: Path, where: str) -> dict:
+    """Replace a view's `sql`/`datalog` file path by the file's text, remembering the path."""
+    for lang, suffixes in (("sql", (".sql",)), ("datalog", (".dl", ".datalog"))):
+        text = view.get(lang)
+        if isinstance(text, str) and "\n" not in text.strip() and text.strip().endswith(suffixes):
+            path = (root / text.strip()).resolve()
+            if not path.is_file():
+                raise ConfigError(f"{where}.{lang}: file {text.strip()!r} not found (looked at {path})")
+            view = {**view, lang: path.read_text(), "source": str(path)}
+    return view
+
+
+def find_project_file(path: str | os.PathLike | None = None) -> Path:
+    """`--project PATH`, else $IVM_PROJECT, else ./ivm.yaml (DESIGN.md §8)."""
+    chosen = path or os.environ.get(PROJECT_ENV) or DEFAULT_PROJECT
+    p = Path(chosen)
+    if p.is_dir():
+        p = p / DEFAULT_PROJECT
+    if not p.is_file():
+        hint = "" if path or os.environ.get(PROJECT_ENV) else f" (pass --project or set {PROJECT_ENV})"
+        raise ConfigError(f"project file {str(p)!r} not found{hint}")
+    return p.resolve()
+
+
+def load_project(path: str | os.PathLike | None = None) -> ProjectConfig:
+    """Read and validate the project file. Raises `ConfigError` naming the file and the field."""
+    file = find_project_file(path)
+    try:
+        raw = yaml.safe_load(file.read_text()) or {}
+    except yaml.YAMLError as e:
+        first = str(e).splitlines()[0] if str(e) else "invalid YAML"
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise ConfigError(f"{file}: not valid YAML{where}: {first}") from e
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{file}: the project file must be a mapping of settings")
+    return parse_project(raw, root=file.parent, source=str(file))
+
+
+def parse_project(raw: dict, root: Path | str = ".", source: str = "ivm.yaml") -> ProjectConfig:
+    """Validate a project given as a mapping (what `load_project` does after reading YAML)."""
+    root = Path(root).resolve()
+    views = raw.get("views") or {}
+    if isinstance(views, dict):
+        raw = {**raw, "views": {n: _read_definition(v, root, f"views.{n}") if isinstance(v, dict) else v
+                                for n, v in views.items()}}
+    try:
+        return ProjectConfig.model_validate({**raw, "root": str(root)})
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-after"))
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown setting"
+        more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
+        raise ConfigError(f"{source}: {loc or 'project'}: {msg}{more}") from e

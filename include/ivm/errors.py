@@ -1,0 +1,37 @@
+"""The exceptions ivm raises. The CLI turns each into a one-line message and a non-zero exit."""
+
+
+class IvmError(Exception):
+    """Base class: a problem the user can act on. ``str(e)`` is the one-line message."""
+
+    exit_code = 1
+
+
+class ConfigError(IvmError):
+    """The project file is malformed or names something that does not exist."""
+
+    exit_code = 2
+
+
+class NotFoundError(IvmError):
+    """A table, view, run or file named on the command line does not exist."""
+
+    exit_code = 2
+
+
+class ChangeDataError(IvmError):
+    """Change data or snapshot data is invalid: nothing was stored or applied."""
+
+    exit_code = 3
+
+
+class LeaseError(IvmError):
+    """Another run holds the refresh lease on a relation this run must write."""
+
+    exit_code = 4
+
+
+class CatalogError(IvmError):
+    """The catalog database is unreachable or inconsistent."""
+
+    exit_code = 5

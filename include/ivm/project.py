@@ -1,0 +1,172 @@
+"""The Python API: ``Project.open(path)`` and the operations the CLI, the jobs and the DAGs call."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from datetime import timedelta
+from functools import cached_property
+
+from pyspark.sql import DataFrame
+from pyspark.sql.types import StructType
+
+from ivm import compaction, gc, refresh
+from ivm.catalog import Catalog
+from ivm.catalog.models import Run
+from ivm.changes import ingest
+from ivm.changes.reader import table_schema
+from ivm.config import ProjectConfig, TableConfig, load_project
+from ivm.errors import ConfigError, NotFoundError
+from ivm.spark import session
+from ivm.storage import Warehouse, new_id
+from ivm.zset import consolidate, data_columns, expand
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[str], None]
+
+
+class Project:
+    """A project file, its catalog and its warehouse. Spark starts on first use."""
+
+    def __init__(self, config: ProjectConfig, catalog: Catalog | None = None):
+        self.config = config
+        self.catalog = catalog or Catalog.open(config.catalog_url)
+        self.warehouse = Warehouse(config.warehouse_uri)
+        self.warehouse.ensure()
+
+    @classmethod
+    def open(cls, path: str | None = None) -> Project:
+        """Open the project at ``path`` (else $IVM_PROJECT, else ./ivm.yaml)."""
+        return cls(load_project(path))
+
+    @cached_property
+    def spark(self):
+        return session(self.config.spark)
+
+    @property
+    def lease_timeout(self) -> timedelta:
+        return timedelta(minutes=self.config.storage.lease_timeout_minutes)
+
+    def close(self) -> None:
+        self.catalog.dispose()
+
+    # -- definitions -----------------------------------------------------------------------------
+
+    def table(self, name: str) -> TableConfig:
+        """A table of the project file that `ivm apply` has recorded unchanged."""
+        if name not in self.config.tables:
+            known = ", ".join(self.config.tables) or "none"
+            raise NotFoundError(f"unknown table {name!r} (tables: {known})")
+        applied = self.catalog.table_defs().get(name)
+        if applied is None:
+            raise ConfigError(f"table {name} is not in the catalog yet; run `ivm apply`")
+        if _table_spec(self.config.tables[name]) != _applied_spec(applied):
+            raise ConfigError(f"table {name} differs in the project file from the catalog; run `ivm apply`")
+        return self.config.tables[name]
+
+    def schema(self, relation: str) -> StructType:
+        if relation in self.config.tables:
+            return table_schema(self.config.tables[relation])
+        raise NotFoundError(f"unknown relation {relation!r}")
+
+    def cluster_columns(self, relation: str) -> list[str]:
+        """Base layers are sorted by the key, or by all columns for a bag."""
+        table = self.config.tables.get(relation)
+        if table is not None:
+            return list(table.key or table.columns)
+        return [f.name for f in self.schema(relation).fields]
+
+    def apply(self) -> list[str]:
+        """`ivm apply`: record the project's tables and views in the catalog.
+
+        A table that already holds data or changes keeps its columns and key: changing them would
+        reinterpret stored files, so that is refused with the table named.
+        """
+        applied = self.catalog.table_defs()
+        for name, table in self.config.tables.items():
+            old = applied.get(name)
+            if old is None:
+                continue
+            before, after = _applied_spec(old), _table_spec(table)
+            if (before["columns"], before["key"]) != (after["columns"], after["key"]):
+                if self.catalog.state(name).layers or self.catalog.last_commit_version(name) > 0:
+                    raise ConfigError(f"tables.{name}: columns or key changed but the table already holds data; "
+                                      "changing a stored table's schema is not supported")
+        tables = {n: _table_spec(t) for n, t in self.config.tables.items()}
+        views = {n: {"language": v.language, "definition": v.definition,
+                     "options": v.model_dump(mode="json", by_alias=True, exclude={"sql", "datalog"},
+                                             exclude_none=True)}
+                 for n, v in self.config.views.items()}
+        changes = self.catalog.save_definitions(tables, views)
+        dropped = sorted(set(applied) - set(self.config.tables))
+        changes += [f"table {n} is no longer in the project file (its data is kept)" for n in dropped]
+        return changes
+
+    # -- data in ----------------------------------------------------------------------------------
+
+    def load(self, table: str, path: str) -> tuple[int, int]:
+        """`ivm load`: the table's initial snapshot. Returns (rows, version)."""
+        cfg = self.table(table)
+        run_id = new_id("load-")
+        self.catalog.start_run(run_id, "load", {table: 0}, [table])
+        self.catalog.acquire_leases(run_id, [table], self.lease_timeout)
+        try:
+            return ingest.load_snapshot(self.spark, self.catalog, self.warehouse, table, cfg, path, run_id,
+                                        self.config.storage.target_file_mb)
+        except BaseException as e:
+            self.catalog.finish_run(run_id, "failed", str(e).splitlines()[0] if str(e) else type(e).__name__)
+            raise
+
+    def append(self, table: str, path: str, fmt: str = "cdf") -> ingest.AppendResult:
+        """`ivm log append`: validate and store a change file as the table's next log segment."""
+        cfg = self.table(table)
+        return ingest.append_log(self.spark, self.catalog, self.warehouse, table, cfg, path, fmt)
+
+    # -- runs ------------------------------------------------------------------------------------
+
+    def refresh(self, progress: Progress = lambda _: None) -> refresh.RefreshResult:
+        """`ivm refresh`: bring every relation to the newest snapshot of the logs."""
+        for name in self.config.tables:
+            self.table(name)
+        return refresh.refresh(self, progress)
+
+    def compact(self, relations: Iterable[str] | None = None, force: bool = False,
+                progress: Progress = lambda _: None) -> list[compaction.Compaction]:
+        names = list(relations) if relations is not None else list(self.config.tables)
+        return compaction.compact(self, names, force=force, progress=progress)
+
+    def gc(self) -> gc.GcResult:
+        return gc.collect(self)
+
+    def runs(self, limit: int = 20) -> list[Run]:
+        return self.catalog.runs(limit)
+
+    # -- data out ----------------------------------------------------------------------------------
+
+    def read_zset(self, name: str) -> DataFrame:
+        """The relation's current version consolidated: its columns plus ``__count``."""
+        if name not in self.config.tables:
+            raise NotFoundError(f"unknown table or view {name!r}")
+        state = self.catalog.state(name)
+        layers = self.warehouse.read_layers(self.spark, [x.path for x in state.layers], self.schema(name))
+        if len(state.layers) == 1 and state.base is not None:
+            return layers  # a base layer alone is consolidated already
+        return consolidate(layers)
+
+    def read(self, name: str) -> DataFrame:
+        """The relation as SQL returns it: bag rows repeated, no ``__count``."""
+        return expand(self.read_zset(name))
+
+    def columns(self, name: str) -> list[str]:
+        return data_columns(self.read_zset(name))
+
+
+def _table_spec(t: TableConfig) -> dict:
+    return {"columns": dict(t.columns), "key": list(t.key) if t.key else None,
+            "unique_keys": [list(u) for u in t.unique], "references": dict(t.references)}
+
+
+def _applied_spec(row) -> dict:
+    return {"columns": dict(row.columns), "key": list(row.key) if row.key else None,
+            "unique_keys": [list(u) for u in row.unique_keys or []], "references": dict(row.references or {})}

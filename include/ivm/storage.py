@@ -1,0 +1,159 @@
+"""The warehouse: change-log segments and versioned Z-set layers of relations (DESIGN.md §3).
+
+    <warehouse>/log/<table>/<segment>.parquet      one directory per `ivm log append`
+    <warehouse>/data/<relation>/<layer>/            one Parquet directory per layer
+    <warehouse>/staging/<run_id>/                   a run's intermediate results
+
+Files are written under fresh names and only become part of a relation when the catalog records them
+(the commit point), so a crash between writing and committing leaves nothing half-visible; garbage
+collection removes what no catalog row references. File-system work outside Spark (sizes, deletes)
+goes through pyarrow's file systems, which cover local folders, S3 and HDFS.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import LongType, StructField, StructType
+
+from ivm.config import COUNT_COLUMN
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WrittenLayer:
+    """A layer's files, written but not yet committed to the catalog."""
+
+    id: str
+    relation: str
+    kind: str  # base | delta
+    path: str
+    rows: int | None
+    bytes: int | None
+
+
+def new_id(prefix: str = "") -> str:
+    """A sortable unique name: UTC time, then random bits."""
+    return f"{prefix}{datetime.now(UTC).strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:12]}"
+
+
+class Warehouse:
+    """Paths and file operations under one warehouse URI."""
+
+    def __init__(self, uri: str):
+        self.uri = uri.rstrip("/")
+        fs_uri = self.uri.replace("s3a://", "s3://", 1) if self.uri.startswith("s3a://") else self.uri
+        if "://" in fs_uri:
+            self.fs, self._root = pafs.FileSystem.from_uri(fs_uri)
+        else:
+            self.fs, self._root = pafs.LocalFileSystem(), fs_uri
+
+    # -- paths ----------------------------------------------------------------------------------
+
+    def path(self, *parts: str) -> str:
+        return "/".join([self.uri, *parts])
+
+    def log_path(self, table: str, segment: str) -> str:
+        return self.path("log", table, f"{segment}.parquet")
+
+    def layer_path(self, relation: str, layer_id: str) -> str:
+        return self.path("data", relation, layer_id)
+
+    def staging_path(self, run_id: str, *parts: str) -> str:
+        return self.path("staging", run_id, *parts)
+
+    def _fs_path(self, path: str) -> str:
+        """A warehouse path as pyarrow's file system names it."""
+        assert path.startswith(self.uri), path
+        return self._root + path[len(self.uri):]
+
+    # -- file operations ----------------------------------------------------------------------------
+
+    def ensure(self) -> None:
+        self.fs.create_dir(self._fs_path(self.path("data")), recursive=True)
+        self.fs.create_dir(self._fs_path(self.path("log")), recursive=True)
+
+    def exists(self, path: str) -> bool:
+        return self.fs.get_file_info(self._fs_path(path)).type != pafs.FileType.NotFound
+
+    def delete(self, path: str) -> None:
+        info = self.fs.get_file_info(self._fs_path(path))
+        if info.type == pafs.FileType.Directory:
+            self.fs.delete_dir(self._fs_path(path))
+        elif info.type == pafs.FileType.File:
+            self.fs.delete_file(self._fs_path(path))
+
+    def list_dirs(self, *parts: str) -> list[tuple[str, datetime | None]]:
+        """(path, modification time) of the entries directly under a warehouse folder."""
+        base = self.path(*parts)
+        infos = self.fs.get_file_info(pafs.FileSelector(self._fs_path(base), allow_not_found=True))
+        return [(f"{base}/{i.base_name}", i.mtime) for i in infos]
+
+    def parquet_stats(self, path: str) -> tuple[int | None, int | None]:
+        """Rows and bytes of a written Parquet directory, read from the footers on the driver.
+
+        Taking the numbers from the files just written costs no Spark job (DESIGN.md §11: no
+        `count()` just to log a number).
+        """
+        try:
+            infos = self.fs.get_file_info(pafs.FileSelector(self._fs_path(path), recursive=True))
+            rows = size = 0
+            for info in infos:
+                if info.type == pafs.FileType.File and info.base_name.endswith(".parquet"):
+                    size += info.size or 0
+                    with self.fs.open_input_file(info.path) as f:
+                        rows += pq.ParquetFile(f).metadata.num_rows
+            return rows, size
+        except OSError as e:  # statistics are informative only
+            log.warning("could not read statistics of %s: %s", path, e)
+            return None, None
+
+    # -- layers ----------------------------------------------------------------------------------
+
+    def write_layer(self, df: DataFrame, relation: str, kind: str, cluster_by: Sequence[str] | None = None,
+                    files: int | None = None, run_id: str | None = None) -> WrittenLayer:
+        """Write a Z-set as a new layer of ``relation``. Nothing is visible until the catalog commits it.
+
+        A base layer is range-partitioned and sorted by ``cluster_by`` (the key, or all columns), so
+        Parquet min/max statistics let a read restricted to a few keys skip files; a delta layer is
+        written as it comes: it is small (O(|Δ|)).
+        """
+        layer_id = new_id(f"{kind}-")
+        path = self.layer_path(relation, layer_id)
+        if kind == "base" and cluster_by:
+            cols = [F.col(f"`{c}`") for c in cluster_by]
+            df = df.repartitionByRange(max(1, files or 1), *cols).sortWithinPartitions(*cols)
+        elif files:
+            df = df.coalesce(files)
+        df.write.mode("errorifexists").parquet(path)
+        rows, size = self.parquet_stats(path)
+        log.info("wrote %s layer of %s: %s rows, %s bytes", kind, relation, rows, size)
+        return WrittenLayer(layer_id, relation, kind, path, rows, size)
+
+    def read_layers(self, spark: SparkSession, paths: Sequence[str], schema: StructType) -> DataFrame:
+        """The ⊎ of a relation's layers, unconsolidated: one scan over all their files."""
+        zschema = with_count(schema)
+        if not paths:
+            return spark.createDataFrame([], zschema)
+        return spark.read.schema(zschema).parquet(*paths)
+
+    def files_for(self, size_bytes: int | None, target_mb: int) -> int:
+        """How many files a base layer of about ``size_bytes`` should have."""
+        if not size_bytes:
+            return 1
+        return max(1, math.ceil(size_bytes / (target_mb * 1024 * 1024)))
+
+
+def with_count(schema: StructType) -> StructType:
+    """A relation's schema plus the ``__count`` column of its Z-set."""
+    return StructType([*schema.fields, StructField(COUNT_COLUMN, LongType(), False)])

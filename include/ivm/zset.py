@@ -1,0 +1,53 @@
+"""Z-sets on Spark DataFrames: a relation's columns plus ``__count`` (DESIGN.md §2).
+
+Positive counts are insertions or derivations, negative counts deletions (000 §3). Union (⊎) adds
+counts, consolidation groups equal tuples and drops zero counts; it is done only where a consolidated
+answer is needed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import reduce
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from ivm.config import COUNT_COLUMN
+
+
+def data_columns(df: DataFrame) -> list[str]:
+    """The relation's own columns: everything but ``__count``."""
+    return [c for c in df.columns if c != COUNT_COLUMN]
+
+
+def union_all(frames: Sequence[DataFrame]) -> DataFrame:
+    """⊎ without consolidation: the counts of equal tuples add up when consolidated later."""
+    return reduce(lambda a, b: a.unionByName(b), frames)
+
+
+def consolidate(df: DataFrame, columns: Sequence[str] | None = None) -> DataFrame:
+    """Group equal tuples, sum their counts, drop the tuples whose count is zero."""
+    cols = list(columns) if columns is not None else data_columns(df)
+    return (df.groupBy(*cols)
+              .agg(F.sum(COUNT_COLUMN).cast("long").alias(COUNT_COLUMN))
+              .where(F.col(COUNT_COLUMN) != 0))
+
+
+def row_struct(columns: Sequence[str]) -> Column:
+    """All columns of a tuple as one struct, compared null-safely with ``eqNullSafe``."""
+    return F.struct(*[F.col(f"`{c}`") for c in columns])
+
+
+def restrict(df: DataFrame, keys: DataFrame, columns: Sequence[str]) -> DataFrame:
+    """The tuples of ``df`` whose ``columns`` occur in ``keys`` (a semi-join, null-safe)."""
+    cond = reduce(lambda a, b: a & b, [df[f"`{c}`"].eqNullSafe(keys[f"`{c}`"]) for c in columns])
+    return df.join(keys, cond, "left_semi")
+
+
+def expand(df: DataFrame) -> DataFrame:
+    """A consolidated Z-set with positive counts as the bag SQL returns: each tuple ``__count`` times."""
+    cols = data_columns(df)
+    return (df.where(F.col(COUNT_COLUMN) > 0)
+              .withColumn("__n", F.explode(F.sequence(F.lit(1), F.col(COUNT_COLUMN).cast("int"))))
+              .select(*[F.col(f"`{c}`") for c in cols]))

@@ -1,0 +1,85 @@
+"""Shared fixtures: one SparkSession for the whole session, projects in temporary folders, and the
+catalog URLs the catalog tests run against (SQLite always, PostgreSQL when IVM_TEST_POSTGRES_URL is
+set — `.ci/run` sets it; in CI its absence is an error, not a skip)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+POSTGRES_ENV = "IVM_TEST_POSTGRES_URL"
+
+
+@pytest.fixture(scope="session")
+def spark():
+    from ivm.config import SparkSettings
+    from ivm.spark import session
+
+    s = session(SparkSettings(master="local[2]", conf={"spark.sql.shuffle.partitions": "2",
+                                                       "spark.default.parallelism": "2"}), "ivm-tests")
+    yield s
+    s.stop()
+
+
+def _postgres_admin_url() -> str | None:
+    url = os.environ.get(POSTGRES_ENV)
+    if not url:
+        if os.environ.get("CI"):
+            pytest.fail(f"{POSTGRES_ENV} is not set in CI: .ci/run must start PostgreSQL")
+        return None
+    return url
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def catalog_url(request, tmp_path):
+    """A fresh, empty catalog database on each backend."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'catalog.db'}"
+        return
+    admin = _postgres_admin_url()
+    if admin is None:
+        pytest.skip(f"set {POSTGRES_ENV} to run the PostgreSQL catalog tests (.ci/run does)")
+    name = f"ivm_test_{uuid.uuid4().hex[:10]}"
+    engine = create_engine(admin, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    yield make_url(admin).set(database=name).render_as_string(hide_password=False)
+    with engine.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    engine.dispose()
+
+
+def write_project(root: Path, tables: dict, **settings) -> Path:
+    """An ivm.yaml in ``root`` with the given tables (and any other top-level settings)."""
+    root.mkdir(parents=True, exist_ok=True)
+    doc = {"warehouse": "./warehouse", "tables": tables, **settings}
+    path = root / "ivm.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+@pytest.fixture
+def make_project(tmp_path, spark):
+    """Build, apply and open a project in a temporary folder; closes it afterwards."""
+    from ivm import Project
+
+    opened = []
+
+    def make(tables: dict, catalog: str | None = None, root: Path | None = None, **settings) -> Project:
+        if catalog:
+            settings["catalog"] = catalog
+        path = write_project(root or tmp_path / "project", tables, **settings)
+        project = Project.open(str(path))
+        project.apply()
+        opened.append(project)
+        return project
+
+    yield make
+    for p in opened:
+        p.close()

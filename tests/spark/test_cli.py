@@ -1,0 +1,74 @@
+"""The `ivm` command: each command end to end in-process, exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ivm.cli import main
+from tests.conftest import write_project
+
+TABLES = {"link": {"columns": {"src": "string", "dst": "string"}, "key": ["src", "dst"]}}
+
+
+@pytest.fixture
+def project_file(tmp_path, spark):
+    return str(write_project(tmp_path / "proj", TABLES))
+
+
+def run(capsys, *argv) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_the_commands_end_to_end(capsys, project_file, tmp_path, monkeypatch):
+    (tmp_path / "link.csv").write_text("src,dst\na,b\nb,c\n")
+    (tmp_path / "c1.csv").write_text("src,dst,_change_type\nc,d,insert\na,b,delete\n")
+    assert run(capsys, "apply", "--project", project_file)[:2] == (0, f"created table link\ncatalog: sqlite:///"
+                                                                     f"{tmp_path}/proj/warehouse/catalog.db\n")
+    monkeypatch.setenv("IVM_PROJECT", project_file)  # the same project, found through the environment
+    code, out, _ = run(capsys, "load", "link", str(tmp_path / "link.csv"))
+    assert (code, out) == (0, "link: loaded 2 rows as version 1\n")
+    code, out, _ = run(capsys, "log", "append", "link", str(tmp_path / "c1.csv"))
+    assert (code, out) == (0, "link: appended 2 changes as commit version 1 (segment 1)\n")
+    code, out, _ = run(capsys, "refresh")
+    assert code == 0 and "trim: link: commit versions 1..1, 2 changes -> net delta of 2 rows" in out
+    assert "refresh succeeded" in out.splitlines()[-1]
+    code, out, _ = run(capsys, "show", "link", "--format", "csv")
+    assert (code, out) == (0, "src,dst\nb,c\nc,d\n")
+    code, out, _ = run(capsys, "show", "link", "--format", "json", "--limit", "1")
+    assert [json.loads(x) for x in out.splitlines()] == [{"src": "b", "dst": "c"}]
+    code, out, _ = run(capsys, "show", "link")
+    assert code == 0 and "| b     | c     |" in out
+    code, out, _ = run(capsys, "runs", "--limit", "5")
+    assert code == 0 and "refresh" in out and "link:2" in out and "load" in out
+    assert run(capsys, "refresh")[1].startswith("plan: no table has changes")
+    assert run(capsys, "compact", "link", "--force")[1].startswith("compact: link: 2 layers -> 1 base layer")
+    assert run(capsys, "gc")[1].startswith("gc: dropped")
+
+
+@pytest.mark.parametrize("argv, code, message", [
+    (["show", "nope"], 2, "ivm: error: unknown table or view 'nope'"),
+    (["load", "link", "/no/such/file.csv"], 3, "ivm: error: file '/no/such/file.csv' not found"),
+    (["refresh", "hop"], 1, "ivm: error: unknown view 'hop'"),
+    (["log", "append", "link", "{bad}"], 3, "ivm: error: table link: {bad}: row "),
+])
+def test_errors_are_one_line_with_an_exit_code(capsys, project_file, tmp_path, argv, code, message):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("src,dst,_change_type\na,,insert\n")
+    assert main(["apply", "--project", project_file]) == 0
+    capsys.readouterr()
+    argv = [a.replace("{bad}", str(bad)) for a in argv]
+    got, out, err = run(capsys, *argv, "--project", project_file)
+    assert got == code
+    assert err.startswith(message.replace("{bad}", str(bad))) and err.count("\n") == 1
+
+
+def test_missing_project_file(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("IVM_PROJECT", raising=False)
+    code, _, err = run(capsys, "runs")
+    assert code == 2
+    assert err == "ivm: error: project file 'ivm.yaml' not found (pass --project or set IVM_PROJECT)\n"

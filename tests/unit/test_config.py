@@ -1,0 +1,100 @@
+"""The project file: what is accepted, and that every error names the field."""
+
+from pathlib import Path
+
+import pytest
+
+from ivm.config import find_project_file, load_project, parse_project
+from ivm.errors import ConfigError
+
+
+def parse(doc: dict, root: Path | str = "."):
+    return parse_project(doc, root=root)
+
+
+def test_full_contract(tmp_path):
+    (tmp_path / "views").mkdir()
+    (tmp_path / "views" / "reach.dl").write_text("reach(X,Y) :- link(X,Y).\n")
+    cfg = parse({
+        "warehouse": "./wh",
+        "catalog": "sqlite:///./wh/catalog.db",
+        "spark": {"master": "local[2]", "conf": {"spark.sql.shuffle.partitions": "2"}},
+        "tables": {
+            "flight": {"columns": {"flight_id": "int", "legs": "array<struct<from: string, to: string>>"},
+                       "key": ["flight_id"]},
+            "res": {"columns": {"res_id": "int", "psgr_id": "int", "flight_id": "int", "seat": "string"},
+                    "key": ["res_id"], "unique": [["psgr_id", "flight_id"], ["flight_id", "seat"]],
+                    "references": {"flight_id": "flight.flight_id"}},
+        },
+        "views": {
+            "hop": {"sql": "SELECT 1 AS x", "validate": {"sample": 10, "policy": "warn"}, "mode": "full"},
+            "reach": {"datalog": "views/reach.dl", "strategy": "counting"},
+        },
+    }, root=tmp_path)
+    assert cfg.warehouse_uri == str(tmp_path / "wh")
+    assert cfg.catalog_url == f"sqlite:///{tmp_path / 'wh' / 'catalog.db'}"
+    assert cfg.tables["flight"].columns["legs"] == "ARRAY<STRUCT<from: STRING, to: STRING>>"
+    assert cfg.tables["res"].unique == [["psgr_id", "flight_id"], ["flight_id", "seat"]]
+    assert cfg.views["reach"].definition == "reach(X,Y) :- link(X,Y).\n"
+    assert cfg.views["reach"].source == str(tmp_path / "views" / "reach.dl")
+    assert cfg.views["hop"].validate_.policy == "warn" and cfg.views["hop"].mode == "full"
+
+
+def test_default_catalog_lives_in_the_warehouse(tmp_path):
+    cfg = parse({"warehouse": "w", "tables": {}}, root=tmp_path)
+    assert cfg.catalog_url == f"sqlite:///{tmp_path / 'w' / 'catalog.db'}"
+    remote = parse({"warehouse": "s3a://bucket/wh", "tables": {}})
+    with pytest.raises(ConfigError, match="catalog: required"):
+        _ = remote.catalog_url
+
+
+@pytest.mark.parametrize("doc, message", [
+    ({"tables": {"t": {"columns": {"a": "int"}, "key": ["b"]}}}, "tables.t: key: unknown column 'b'"),
+    ({"tables": {"t": {"columns": {"a": "intt"}}}}, "tables.t.columns: 'intt' is not a Spark SQL type"),
+    ({"tables": {"t": {"columns": {"a": "map<string,int>"}}}}, "map types are not supported"),
+    ({"tables": {"t": {"columns": {"__count": "int"}}}}, "column name '__count' is reserved"),
+    ({"tables": {"t": {"columns": {}}}}, "tables.t.columns: a table needs at least one column"),
+    ({"tables": {"t": {"columns": {"a": "int"}, "unique": [["a", "z"]]}}}, "unique: unknown column 'z'"),
+    ({"tables": {"t": {"columns": {"a": "int"}, "colums": {}}}}, "tables.t.colums: unknown setting"),
+    ({"tables": {"t": {"columns": {"a": "int"}, "references": {"a": "u.id"}}}},
+     "tables.t.references.a: unknown table 'u'"),
+    ({"tables": {"t": {"columns": {"a": "int"}, "references": {"a": "t"}}}}, "not of the form table.column"),
+    ({"tables": {"t": {"columns": {"a": "int"}}}, "views": {"v": {"sql": "x", "datalog": "y"}}},
+     "views.v: a view needs exactly one of `sql` or `datalog`"),
+    ({"tables": {"t": {"columns": {"a": "int"}}}, "views": {"t": {"sql": "x"}}}, "views.t: a table has the same name"),
+    ({"tables": {}, "views": {"v": {"sql": "x", "mode": "sometimes"}}}, "views.v.mode"),
+    ({"tables": {"bad-name": {"columns": {"a": "int"}}}}, "relation name 'bad-name' is not an identifier"),
+    ({"storage": {"compact_max_layers": 0}}, "storage.compact_max_layers"),
+])
+def test_errors_name_the_field(doc, message):
+    with pytest.raises(ConfigError) as e:
+        parse(doc)
+    assert message in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_view_file_must_exist(tmp_path):
+    with pytest.raises(ConfigError, match=r"views.v.sql: file 'nope.sql' not found"):
+        parse({"views": {"v": {"sql": "nope.sql"}}}, root=tmp_path)
+
+
+def test_project_file_lookup(tmp_path, monkeypatch):
+    (tmp_path / "ivm.yaml").write_text("tables: {t: {columns: {a: int}}}\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("IVM_PROJECT", raising=False)
+    assert find_project_file() == tmp_path / "ivm.yaml"
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "ivm.yaml").write_text("tables: {}\n")
+    monkeypatch.setenv("IVM_PROJECT", str(other / "ivm.yaml"))
+    assert find_project_file() == other / "ivm.yaml"
+    assert find_project_file(tmp_path) == tmp_path / "ivm.yaml"
+    with pytest.raises(ConfigError, match="project file 'missing.yaml' not found"):
+        find_project_file("missing.yaml")
+
+
+def test_yaml_errors_are_one_line(tmp_path):
+    (tmp_path / "ivm.yaml").write_text("tables: {t: [\n")
+    with pytest.raises(ConfigError, match=r"not valid YAML") as e:
+        load_project(tmp_path / "ivm.yaml")
+    assert "\n" not in str(e.value)
