@@ -53,12 +53,8 @@ def cmd_log_append(args) -> int:
 
 def cmd_refresh(args) -> int:
     project = _open(args)
-    if args.views:
-        unknown = [v for v in args.views if v not in project.config.views]
-        raise IvmError(f"unknown view {unknown[0]!r}" if unknown else
-                       "refreshing views is not available yet: this version refreshes base-table snapshots")
-    result = project.refresh(progress=_out)
-    if result.tables:
+    result = project.refresh(args.views or None, mode=args.mode, progress=_out)
+    if result.tables or result.views:
         _out(tabulate(result.summary_rows(), headers=result.SUMMARY_HEADERS, tablefmt="simple"))
     _out(f"refresh {result.status} in {result.seconds:.2f} s")
     return 0
@@ -83,6 +79,13 @@ def cmd_show(args) -> int:
             sys.stdout.write(json.dumps(dict(zip(columns, r, strict=True)), default=str) + "\n")
     else:
         _out(tabulate(list(rows), headers=columns, tablefmt="psql", missingval="NULL"))
+    return 0
+
+
+def cmd_explain(args) -> int:
+    project = _open(args)
+    explanation = project.explain(args.view)
+    _out(explanation.to_json() if args.format == "json" else explanation.to_text())
     return 0
 
 
@@ -141,11 +144,20 @@ def build_parser() -> argparse.ArgumentParser:
                         "debezium: Debezium change events, JSON lines")
     p.set_defaults(func=cmd_log_append)
 
-    p = sub.add_parser("refresh", parents=[common], help="bring every relation to the newest snapshot")
-    p.add_argument("views", nargs="*", metavar="VIEW")
+    p = sub.add_parser("refresh", parents=[common], help="bring tables and views to the newest snapshot")
+    p.add_argument("views", nargs="*", metavar="VIEW", help="only these views and what they read (default: all)")
+    p.add_argument("--mode", choices=["auto", "incremental", "full"], default="auto",
+                   help="auto: per view, what the analysis allows (default); full: recompute every view; "
+                        "incremental: refuse to recompute")
     p.set_defaults(func=cmd_refresh)
 
-    p = sub.add_parser("show", parents=[common], help="print a table as SQL would return it")
+    p = sub.add_parser("explain", parents=[common],
+                       help="a view's stratum, dependencies, rules and maintenance algorithm")
+    p.add_argument("view")
+    p.add_argument("--format", choices=["text", "json"], default="text")
+    p.set_defaults(func=cmd_explain)
+
+    p = sub.add_parser("show", parents=[common], help="print a table or view as SQL would return it")
     p.add_argument("name")
     p.add_argument("--format", choices=["table", "csv", "json"], default="table")
     p.add_argument("--limit", type=int, help="at most N rows (default 20 for --format table, all otherwise)")

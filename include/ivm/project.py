@@ -10,15 +10,19 @@ from functools import cached_property
 from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
-from ivm import compaction, gc, refresh
+from ivm import compaction, explain, gc, refresh
 from ivm.catalog import Catalog
 from ivm.catalog.models import Run
 from ivm.changes import ingest
 from ivm.changes.reader import table_schema
 from ivm.config import ProjectConfig, TableConfig, load_project
 from ivm.errors import ConfigError, NotFoundError
+from ivm.ir import Program
+from ivm.lang import compile_project
+from ivm.maintain.recompute import Evaluator, as_used
 from ivm.spark import session
 from ivm.storage import Warehouse, new_id
+from ivm.stratify import Strata, stratify
 from ivm.zset import consolidate, data_columns, expand
 
 log = logging.getLogger(__name__)
@@ -44,6 +48,13 @@ class Project:
     def spark(self):
         return session(self.config.spark)
 
+    @cached_property
+    def program(self) -> tuple[Program, Strata]:
+        """Every view compiled into one rule program, and its strata. Raises ConfigError naming the
+        view and construct for a definition that cannot be compiled."""
+        program = compile_project(self.config)
+        return program, stratify(program)
+
     @property
     def lease_timeout(self) -> timedelta:
         return timedelta(minutes=self.config.storage.lease_timeout_minutes)
@@ -66,9 +77,17 @@ class Project:
         return self.config.tables[name]
 
     def schema(self, relation: str) -> StructType:
+        """A relation's columns and Spark types; a view's come from its plan over empty tables
+        (Spark analyses the plan, no job runs)."""
         if relation in self.config.tables:
             return table_schema(self.config.tables[relation])
-        raise NotFoundError(f"unknown relation {relation!r}")
+        if relation in self.config.views:
+            program, strata = self.program
+            empty = {t: self.spark.createDataFrame([], self.schema(t).add("__count", "long"))
+                     for t in self.config.tables}
+            plan = Evaluator(program, strata, empty).relation(relation)
+            return StructType([f for f in plan.schema.fields if f.name != "__count"])
+        raise NotFoundError(f"unknown table or view {relation!r}")
 
     def cluster_columns(self, relation: str) -> list[str]:
         """Base layers are sorted by the key, or by all columns for a bag."""
@@ -80,9 +99,11 @@ class Project:
     def apply(self) -> list[str]:
         """`ivm apply`: record the project's tables and views in the catalog.
 
-        A table that already holds data or changes keeps its columns and key: changing them would
-        reinterpret stored files, so that is refused with the table named.
+        Every view is compiled and stratified first: a bad definition is refused with the view and
+        construct named, and nothing is stored. A table that already holds data or changes keeps its
+        columns and key: changing them would reinterpret stored files, so that is refused too.
         """
+        _ = self.program
         applied = self.catalog.table_defs()
         for name, table in self.config.tables.items():
             old = applied.get(name)
@@ -125,11 +146,24 @@ class Project:
 
     # -- runs ------------------------------------------------------------------------------------
 
-    def refresh(self, progress: Progress = lambda _: None) -> refresh.RefreshResult:
-        """`ivm refresh`: bring every relation to the newest snapshot of the logs."""
+    def refresh(self, views: list[str] | None = None, mode: str = "auto",
+                progress: Progress = lambda _: None) -> refresh.RefreshResult:
+        """`ivm refresh`: bring the tables and views (or the named views and what they read) to the
+        newest snapshot of the logs. ``mode``: auto, incremental or full."""
         for name in self.config.tables:
             self.table(name)
-        return refresh.refresh(self, progress)
+        applied = self.catalog.view_defs()
+        stale = [v for v in self.config.views if v not in applied]
+        if stale:
+            raise ConfigError(f"view {stale[0]} is not in the catalog yet; run `ivm apply`")
+        return refresh.refresh(self, progress, views, mode)
+
+    def explain(self, view: str) -> explain.Explanation:
+        """`ivm explain`: the view's stratum, dependencies, rules and maintenance plan."""
+        if view not in self.config.views:
+            raise NotFoundError(f"unknown view {view!r}")
+        program, strata = self.program
+        return explain.explain(program, strata, self.config, view)
 
     def compact(self, relations: Iterable[str] | None = None, force: bool = False,
                 progress: Progress = lambda _: None) -> list[compaction.Compaction]:
@@ -145,18 +179,34 @@ class Project:
     # -- data out ----------------------------------------------------------------------------------
 
     def read_zset(self, name: str) -> DataFrame:
-        """The relation's current version consolidated: its columns plus ``__count``."""
-        if name not in self.config.tables:
+        """The relation's current version consolidated: its columns plus ``__count`` (for a view, the
+        number of derivations)."""
+        if name not in self.config.tables and name not in self.config.views:
             raise NotFoundError(f"unknown table or view {name!r}")
         state = self.catalog.state(name)
+        if name in self.config.views and state.version_id is None:
+            raise NotFoundError(f"view {name} has not been materialized yet; run `ivm refresh`")
         layers = self.warehouse.read_layers(self.spark, [x.path for x in state.layers], self.schema(name))
         if len(state.layers) == 1 and state.base is not None:
             return layers  # a base layer alone is consolidated already
         return consolidate(layers)
 
     def read(self, name: str) -> DataFrame:
-        """The relation as SQL returns it: bag rows repeated, no ``__count``."""
-        return expand(self.read_zset(name))
+        """The relation as SQL returns it: bag rows repeated, set rows once, no ``__count``."""
+        zset = self.read_zset(name)
+        if name in self.config.views:
+            zset = as_used(self.program[0].predicates[name], zset)
+        return expand(zset)
+
+    def register_temp_views(self) -> list[str]:
+        """A Spark temporary view per table and materialized view, so `SELECT * FROM hop` works."""
+        names = []
+        for name in [*self.config.tables, *self.config.views]:
+            if name in self.config.views and self.catalog.state(name).version_id is None:
+                continue
+            self.read(name).createOrReplaceTempView(name)
+            names.append(name)
+        return names
 
     def columns(self, name: str) -> list[str]:
         return data_columns(self.read_zset(name))

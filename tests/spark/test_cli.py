@@ -52,7 +52,7 @@ def test_the_commands_end_to_end(capsys, project_file, tmp_path, monkeypatch):
 @pytest.mark.parametrize("argv, code, message", [
     (["show", "nope"], 2, "ivm: error: unknown table or view 'nope'"),
     (["load", "link", "/no/such/file.csv"], 3, "ivm: error: file '/no/such/file.csv' not found"),
-    (["refresh", "hop"], 1, "ivm: error: unknown view 'hop'"),
+    (["refresh", "hop"], 2, "ivm: error: unknown view 'hop'"),
     (["log", "append", "link", "{bad}"], 3, "ivm: error: table link: {bad}: row "),
 ])
 def test_errors_are_one_line_with_an_exit_code(capsys, project_file, tmp_path, argv, code, message):

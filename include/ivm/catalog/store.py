@@ -76,6 +76,7 @@ class RelationState:
     version_id: int | None
     version: int
     layers: tuple[LayerRef, ...] = ()
+    created_at: datetime | None = None
 
     @property
     def base(self) -> LayerRef | None:
@@ -222,7 +223,8 @@ class Catalog:
         version = session.get(RelationVersion, rel.current_version_id)
         assert version is not None, f"relation {name} points at a missing version"
         return RelationState(name, version.id, version.version, tuple(
-            LayerRef(layer.id, layer.kind, layer.path, layer.rows, layer.bytes) for layer in version.layers))
+            LayerRef(layer.id, layer.kind, layer.path, layer.rows, layer.bytes) for layer in version.layers),
+            aware(version.created_at))
 
     # -- change logs ---------------------------------------------------------------------------------
 

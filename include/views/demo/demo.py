@@ -1,4 +1,4 @@
-"""The ivm demo: load tables, append change logs in several formats, refresh base snapshots.
+"""The ivm demo: load tables, append change logs in several formats, refresh tables and views.
 
 Run with `make demo` from the repository root. It starts from an empty warehouse next to this file,
 uses the embedded defaults (local Spark, SQLite catalog), and prints what happens at each step.
@@ -46,16 +46,27 @@ def main() -> int:
         rows, version = project.load(table, str(DATA / file))
         say(f"   {table}: {rows} rows from {file} -> version {version}")
 
+    say("\n== ivm refresh: materialize the views at the loaded snapshot")
+    result = project.refresh(progress=lambda line: say(f"   {line}"))
+    for name in ("seats_per_flight", "unbooked_flights", "only_tri_hop"):
+        say(f"\n   {name}:")
+        show(project, name)
+
+    say("\n== ivm explain miles_per_passenger")
+    say("   " + project.explain("miles_per_passenger").to_text().replace("\n", "\n   "))
+
     say("\n== ivm log append: changes in the native format and as Debezium events")
     for table, file, fmt in [("res", "res_changes_1.jsonl", "cdf"), ("res", "res_debezium.jsonl", "debezium"),
                              ("link", "link_changes.csv", "cdf"), ("page_view", "page_view_changes.csv", "cdf"),
                              ("res", "res_changes_1.jsonl", "cdf")]:
         say(f"   {project.append(table, str(DATA / file), fmt).describe()}")
 
-    say("\n== ivm refresh: trim every log into a net delta and publish all tables at one snapshot")
+    say("\n== ivm refresh: trim every log into a net delta, recompute the views that read a changed table,")
+    say("   publish everything at one snapshot")
     result = project.refresh(progress=lambda line: say(f"   {line}"))
     say(tabulate(result.summary_rows(), headers=result.SUMMARY_HEADERS, tablefmt="simple"))
-    for name in ("res", "link", "page_view"):
+    for name in ("res", "seats_per_flight", "miles_per_passenger", "unbooked_flights", "only_tri_hop",
+                 "page_counts"):
         say(f"\n   {name} now:")
         show(project, name)
 

@@ -1,0 +1,180 @@
+"""The rule IR both front ends produce: predicates, rules, atoms, terms, aggregates (000 §3, §6).
+
+A program is a set of rules over predicates. Base predicates (tables) are stratum 0; every view and
+auxiliary predicate is defined by one or more rules, whose results are added (⊎: a bag view's
+multiplicity is its number of derivations, 000 §3). Body literals are
+
+  Literal     a positive or negated atom ``p(X, 'a', _)`` (variables join, constants select)
+  Condition   a boolean expression over bound variables (comparisons, arithmetic)
+  Assign      ``X = expr`` binding a new variable
+  GroupBy     000 §6.2's ``GROUPBY(p(...), [Y...], M = agg(C))`` subgoal
+
+Expressions are sqlglot trees whose column references name variables, so one expression language
+serves SQL and Datalog and compiles to Spark SQL text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal as Lit
+
+from sqlglot import exp
+
+
+@dataclass(frozen=True)
+class Var:
+    name: str
+
+    def __str__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class Const:
+    value: object
+
+    def __str__(self) -> str:
+        return "NULL" if self.value is None else repr(self.value) if isinstance(self.value, str) else str(self.value)
+
+
+@dataclass(frozen=True)
+class Wildcard:
+    def __str__(self) -> str:
+        return "_"
+
+
+@dataclass(frozen=True)
+class Expr:
+    """A computed term (a head column like ``C1 + C2``); ``tree`` references variables as columns."""
+
+    tree: exp.Expression
+
+    def variables(self) -> set[str]:
+        return {c.name for c in self.tree.find_all(exp.Column)}
+
+    def __str__(self) -> str:
+        return self.tree.sql(dialect="spark")
+
+
+Term = Var | Const | Wildcard | Expr
+
+
+@dataclass(frozen=True)
+class Atom:
+    pred: str
+    args: tuple[Term, ...]
+
+    def variables(self) -> set[str]:
+        return {a.name for a in self.args if isinstance(a, Var)}
+
+    def __str__(self) -> str:
+        return f"{self.pred}({', '.join(map(str, self.args))})"
+
+
+@dataclass(frozen=True)
+class Literal:
+    atom: Atom
+    negated: bool = False
+    #: match with IS NOT DISTINCT FROM instead of = (set operators treat NULLs as equal)
+    null_safe: bool = False
+
+    def __str__(self) -> str:
+        return ("not " if self.negated else "") + str(self.atom) + (" (null-safe)" if self.null_safe else "")
+
+
+@dataclass(frozen=True)
+class Condition:
+    tree: exp.Expression
+
+    def variables(self) -> set[str]:
+        return {c.name for c in self.tree.find_all(exp.Column)}
+
+    def __str__(self) -> str:
+        return self.tree.sql(dialect="spark")
+
+
+@dataclass(frozen=True)
+class Assign:
+    var: Var
+    expr: Expr
+
+    def __str__(self) -> str:
+        return f"{self.var} = {self.expr}"
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """``var = func([DISTINCT] arg)``; ``arg`` is None for COUNT(*)."""
+
+    var: Var
+    func: str
+    arg: Expr | None
+    distinct: bool = False
+
+    def __str__(self) -> str:
+        inner = "*" if self.arg is None else ("DISTINCT " if self.distinct else "") + str(self.arg)
+        return f"{self.var} = {self.func}({inner})"
+
+
+@dataclass(frozen=True)
+class GroupBy:
+    """000 §6.2: the relation of ``atom`` grouped by ``by``, one tuple per group with the aggregates."""
+
+    atom: Atom
+    by: tuple[Var, ...]
+    aggregates: tuple[Aggregate, ...]
+
+    def variables(self) -> set[str]:
+        return {v.name for v in self.by} | {a.var.name for a in self.aggregates}
+
+    def __str__(self) -> str:
+        return (f"groupby({self.atom}, [{', '.join(map(str, self.by))}], "
+                f"{', '.join(map(str, self.aggregates))})")
+
+
+BodyItem = Literal | Condition | Assign | GroupBy
+
+
+@dataclass(frozen=True)
+class Rule:
+    head: Atom
+    body: tuple[BodyItem, ...]
+
+    def predicates(self) -> list[tuple[str, bool]]:
+        """(predicate, depends negatively or through aggregation) for each body predicate."""
+        out = []
+        for item in self.body:
+            if isinstance(item, Literal):
+                out.append((item.atom.pred, item.negated))
+            elif isinstance(item, GroupBy):
+                out.append((item.atom.pred, True))
+        return out
+
+    def __str__(self) -> str:
+        return f"{self.head} :- {', '.join(map(str, self.body))}." if self.body else f"{self.head}."
+
+
+@dataclass
+class Predicate:
+    """A relation of the program: a base table, a view, or an auxiliary predicate of a view."""
+
+    name: str
+    columns: list[str]
+    kind: Lit["base", "view", "aux"]
+    #: bag: multiplicities count derivations; set: SELECT DISTINCT, set operators, Datalog
+    semantics: Lit["bag", "set"] = "bag"
+    #: the view an auxiliary predicate belongs to
+    owner: str | None = None
+    key: list[str] | None = None
+
+
+@dataclass
+class Program:
+    predicates: dict[str, Predicate] = field(default_factory=dict)
+    rules: list[Rule] = field(default_factory=list)
+
+    def rules_for(self, pred: str) -> list[Rule]:
+        return [r for r in self.rules if r.head.pred == pred]
+
+    def derived(self) -> list[str]:
+        return [p for p, d in self.predicates.items() if d.kind != "base"]

@@ -1,0 +1,114 @@
+"""Front ends: SQL (sqlglot) and Datalog (lark). `compile_project` turns every view of a project into
+one rule program (ivm.ir), views in dependency order so that views can read views."""
+
+from __future__ import annotations
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.errors import ParseError
+
+from ivm.config import ProjectConfig
+from ivm.errors import ConfigError
+from ivm.ir import Atom, GroupBy, Literal, Predicate, Program, Rule, Var
+from ivm.lang.datalog import parse_program
+from ivm.lang.sql import SqlCompiler
+
+
+def _sql_references(name: str, sql: str) -> set[str]:
+    try:
+        tree = sqlglot.parse_one(sql, read="spark")
+    except ParseError as e:
+        raise ConfigError(f"views.{name}: SQL syntax error: {str(e).splitlines()[0]}") from e
+    ctes = {c.alias_or_name for c in tree.find_all(exp.CTE)}
+    return {t.name for t in tree.find_all(exp.Table)} - ctes
+
+
+def _datalog_references(rules: list[Rule]) -> set[str]:
+    defined = {r.head.pred for r in rules}
+    return {p for r in rules for p, _ in r.predicates()} - defined
+
+
+def _column_names(head: Atom) -> list[str]:
+    names: list[str] = []
+    for i, a in enumerate(head.args):
+        base = a.name.lower() if isinstance(a, Var) else f"c{i + 1}"
+        name, n = base, 1
+        while name in names:
+            n += 1
+            name = f"{base}_{n}"
+        names.append(name)
+    return names
+
+
+def add_datalog_view(program: Program, view: str, rules: list[Rule]) -> None:
+    """Add a view's Datalog program: the predicate named like the view is the view, the other
+    predicates it defines are its auxiliaries; base predicates read tables by column position."""
+    heads: dict[str, Atom] = {}
+    for r in rules:
+        if r.head.pred in program.predicates:
+            other = program.predicates[r.head.pred]
+            raise ConfigError(f"views.{view}: predicate {r.head.pred} is already defined "
+                              f"({'a table' if other.kind == 'base' else 'by view ' + (other.owner or other.name)})")
+        first = heads.setdefault(r.head.pred, r.head)
+        if len(first.args) != len(r.head.args):
+            raise ConfigError(f"views.{view}: predicate {r.head.pred} has rules with {len(first.args)} and "
+                              f"{len(r.head.args)} arguments")
+    if view not in heads:
+        raise ConfigError(f"views.{view}: the Datalog program does not define the predicate {view}")
+    for pred, head in heads.items():
+        program.predicates[pred] = Predicate(pred, _column_names(head), "view" if pred == view else "aux",
+                                             "set", owner=view)
+    for r in rules:
+        for item in r.body:
+            atom = item.atom if isinstance(item, Literal | GroupBy) else None
+            if atom is None:
+                continue
+            target = program.predicates.get(atom.pred)
+            if target is None:
+                raise ConfigError(f"views.{view}: unknown predicate {atom.pred} in rule `{r}`")
+            if len(atom.args) != len(target.columns):
+                raise ConfigError(f"views.{view}: {atom.pred} has {len(target.columns)} columns "
+                                  f"({', '.join(target.columns)}) but `{atom}` gives {len(atom.args)}")
+            if isinstance(item, GroupBy):
+                for a in item.aggregates:
+                    if a.arg is not None and not (a.arg.variables() <= atom.variables()):
+                        raise ConfigError(f"views.{view}: the aggregate {a} uses a variable not in {atom}")
+        program.rules.append(r)
+
+
+def compile_project(config: ProjectConfig) -> Program:
+    """The program of all the project's views. Errors name the view and the construct."""
+    program = Program({name: Predicate(name, list(t.columns), "base", "set" if t.key else "bag", key=t.key)
+                       for name, t in config.tables.items()})
+    parsed: dict[str, list[Rule]] = {}
+    refs: dict[str, set[str]] = {}
+    for name, view in config.views.items():
+        if view.language == "sql":
+            refs[name] = _sql_references(name, view.definition)
+        else:
+            parsed[name] = parse_program(view.definition, name)
+            refs[name] = _datalog_references(parsed[name])
+    order: list[str] = []
+    state: dict[str, int] = {}
+
+    def visit(v: str, path: list[str]) -> None:
+        if state.get(v) == 2:
+            return
+        if state.get(v) == 1:
+            raise ConfigError(f"views.{v}: views read each other in a cycle: {' -> '.join(path + [v])}")
+        state[v] = 1
+        for r in sorted(refs[v]):
+            if r in config.views:
+                visit(r, path + [v])
+        state[v] = 2
+        order.append(v)
+
+    for v in config.views:
+        visit(v, [])
+    sql = SqlCompiler(program)
+    for v in order:
+        if v in parsed:
+            add_datalog_view(program, v, parsed[v])
+        else:
+            sql.compile_view(v, config.views[v].definition)
+    return program

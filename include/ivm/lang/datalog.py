@@ -1,0 +1,172 @@
+"""The Datalog front end (lark), as in 000 and 001.
+
+Grammar (documented for users in the README):
+
+    program   := rule*
+    rule      := atom [":-" item ("," item)*] "."
+    item      := atom | "not" atom | comparison | groupby
+    atom      := name "(" [term ("," term)*] ")"
+    term      := Variable | _ | constant | arithmetic over terms
+    groupby   := "groupby" "(" atom "," "[" Variables "]" "," V "=" agg "(" [V | *] ")" {"," ...} ")"
+    comparison:= expr ("=" | "!=" | "<>" | "<" | "<=" | ">" | ">=") expr
+
+Variables start with an upper-case letter (or ``_`` alone for "any value"); lower-case names and quoted
+strings are string constants, numbers are numbers. ``X = expr`` with ``X`` not yet bound assigns it
+(``C = C1 + C2``; arithmetic is ``+ - * /``); otherwise ``=`` compares. ``%`` (as in Prolog) and ``//``
+start a comment. A view's program defines the predicate with the view's
+name; other predicates it defines are auxiliary. Base predicates read tables by column position.
+"""
+
+from __future__ import annotations
+
+from lark import Lark, Token, Transformer, v_args
+from lark.exceptions import LarkError, UnexpectedInput
+from sqlglot import exp
+
+from ivm.errors import ConfigError
+from ivm.ir import Aggregate, Assign, Atom, Condition, Const, Expr, GroupBy, Literal, Rule, Var, Wildcard
+
+GRAMMAR = r"""
+    program: rule*
+    rule: atom (":-" body)? "."
+    body: item ("," item)*
+    ?item: negation | groupby | comparison | atom
+    negation: "not" atom
+    groupby: "groupby" "(" atom "," "[" [VAR ("," VAR)*] "]" "," aggregate ("," aggregate)* ")"
+    aggregate: VAR "=" NAME "(" [AGGARG] ")"
+    AGGARG: VAR | "*"
+    comparison: sum COMPARATOR sum
+    COMPARATOR: "<=" | ">=" | "!=" | "<>" | "=" | "<" | ">"
+    atom: NAME "(" [sum ("," sum)*] ")"
+    ?sum: product | sum ADDOP product -> binary
+    ?product: unary | product MULOP unary -> binary
+    ?unary: "-" unary -> neg | primary
+    ?primary: VAR -> var
+            | "_" -> wildcard
+            | NAME -> name_const
+            | NUMBER -> number
+            | STRING -> string
+            | "(" sum ")"
+    ADDOP: "+" | "-"
+    MULOP: "*" | "/"
+    VAR: /[A-Z][A-Za-z0-9_]*/
+    NAME: /[a-z][A-Za-z0-9_]*/
+    STRING: /'[^']*'/ | /"[^"]*"/
+    %import common.NUMBER
+    %import common.WS
+    COMMENT: /%[^\n]*/ | /\/\/[^\n]*/
+    %ignore WS
+    %ignore COMMENT
+"""
+
+_PARSER = Lark(GRAMMAR, start="program", parser="lalr")
+
+_BINOPS = {"+": exp.Add, "-": exp.Sub, "*": exp.Mul, "/": exp.Div}
+_COMPARE = {"=": exp.EQ, "!=": exp.NEQ, "<>": exp.NEQ, "<": exp.LT, "<=": exp.LTE, ">": exp.GT, ">=": exp.GTE}
+
+
+def _tree(term) -> exp.Expression:
+    """A term as a sqlglot expression (variables as column references)."""
+    if isinstance(term, Var):
+        return exp.column(term.name, quoted=True)
+    if isinstance(term, Const):
+        v = term.value
+        return exp.Null() if v is None else exp.Literal.string(v) if isinstance(v, str) else exp.Literal.number(v)
+    if isinstance(term, Expr):
+        return term.tree
+    raise ValueError("_ (any value) cannot be used in an expression")
+
+
+@v_args(inline=True)
+class _ToIR(Transformer):
+    def var(self, tok: Token):
+        return Var(str(tok))
+
+    def wildcard(self):
+        return Wildcard()
+
+    def name_const(self, tok: Token):
+        return Const(str(tok))
+
+    def number(self, tok: Token):
+        text = str(tok)
+        return Const(int(text) if text.lstrip("-").isdigit() else float(text))
+
+    def string(self, tok: Token):
+        return Const(str(tok)[1:-1])
+
+    def neg(self, term):
+        if isinstance(term, Const) and isinstance(term.value, int | float):
+            return Const(-term.value)
+        return Expr(exp.Neg(this=_tree(term)))
+
+    def binary(self, left, op: Token, right):
+        return Expr(exp.Paren(this=_BINOPS[str(op)](this=_tree(left), expression=_tree(right))))
+
+    def atom(self, name: Token, *args):
+        return Atom(str(name), tuple(a for a in args if a is not None))
+
+    def negation(self, atom: Atom):
+        return Literal(atom, negated=True)
+
+    def comparison(self, left, op: Token, right):
+        return ("cmp", str(op), left, right)
+
+    def aggregate(self, var: Token, func: Token, arg: Token | None = None):
+        target = None if arg is None or str(arg) == "*" else Expr(exp.column(str(arg), quoted=True))
+        return Aggregate(Var(str(var)), str(func).lower(), target)
+
+    def groupby(self, atom: Atom, *rest):
+        by = tuple(Var(str(t)) for t in rest if isinstance(t, Token))
+        aggs = tuple(a for a in rest if isinstance(a, Aggregate))
+        return GroupBy(atom, by, aggs)
+
+    def body(self, *items):
+        return list(items)
+
+    def rule(self, head: Atom, body=None):
+        return (head, body or [])
+
+    def program(self, *rules):
+        return list(rules)
+
+
+def parse_program(text: str, view: str) -> list[Rule]:
+    """Parse a view's Datalog program into rules. Errors name the view and the line."""
+    try:
+        parsed = _ToIR().transform(_PARSER.parse(text))
+    except UnexpectedInput as e:
+        token = getattr(e, "token", None)
+        what = ("unexpected end of program" if token is not None and token.type == "$END"
+                else f"unexpected {str(token)!r}" if token is not None else "unexpected character")
+        raise ConfigError(f"views.{view}: Datalog syntax error at line {e.line}, column {e.column}: {what}") from e
+    except (LarkError, ValueError) as e:
+        raise ConfigError(f"views.{view}: {str(e).strip().splitlines()[-1]}") from e
+    rules = []
+    for head, items in parsed:
+        bound: set[str] = set()
+        for item in items:
+            if isinstance(item, Literal) and not item.negated:
+                bound |= item.atom.variables()
+            elif isinstance(item, Atom):
+                bound |= item.variables()
+            elif isinstance(item, GroupBy):
+                bound |= item.variables()
+        body = []
+        for item in items:
+            if isinstance(item, Atom):
+                body.append(Literal(item))
+            elif isinstance(item, tuple):
+                _, op, left, right = item
+                # X = expr with X bound nowhere else binds X (000 §6.2's C = C1 + C2)
+                if op == "=" and isinstance(left, Var) and left.name not in bound:
+                    body.append(Assign(left, right if isinstance(right, Expr) else Expr(_tree(right))))
+                    bound.add(left.name)
+                else:
+                    body.append(Condition(_COMPARE[op](this=_tree(left), expression=_tree(right))))
+            else:
+                body.append(item)
+        rules.append(Rule(head, tuple(body)))
+    if not rules:
+        raise ConfigError(f"views.{view}: the Datalog program has no rules")
+    return rules

@@ -1,0 +1,414 @@
+"""The SQL front end: a view in Spark SQL, parsed and qualified by sqlglot, turned into rules.
+
+Each SELECT block becomes one rule over atoms for its FROM items; equalities between columns unify
+variables (a join), other predicates become conditions. GROUP BY becomes 000 §6.2's GROUPBY subgoal
+over an auxiliary predicate holding the pre-aggregation rows. Subqueries in FROM, CTEs and the sides
+of set operators become auxiliary predicates. [NOT] EXISTS and IN subqueries become (negated) atoms
+over a set-semantics auxiliary predicate that exposes the correlated columns (correlation by equality).
+UNION ALL adds derivations (bag); UNION, INTERSECT, EXCEPT and DISTINCT have set semantics, and set
+operators compare NULLs as equal.
+
+Constructs not handled yet are refused at `ivm apply` with the construct named: outer joins, NOT IN,
+INTERSECT ALL / EXCEPT ALL, WITH RECURSIVE, explode / LATERAL VIEW, ORDER BY / LIMIT.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.errors import OptimizeError, ParseError
+from sqlglot.optimizer.qualify import qualify
+
+from ivm.errors import ConfigError
+from ivm.ir import Aggregate, Assign, Atom, Condition, Expr, GroupBy, Literal, Predicate, Program, Rule, Var
+
+#: sqlglot aggregate classes and the Spark SQL function each stands for
+AGGREGATES: dict[type, str] = {
+    exp.Count: "count", exp.Sum: "sum", exp.Avg: "avg", exp.Min: "min", exp.Max: "max",
+    exp.Variance: "var_samp", exp.VariancePop: "var_pop", exp.Stddev: "stddev_samp",
+    exp.StddevSamp: "stddev_samp", exp.StddevPop: "stddev_pop", exp.Median: "median",
+}
+
+
+class Unsupported(ConfigError):
+    pass
+
+
+@dataclass
+class _Block:
+    """One SELECT being compiled: its sources' variables and the equalities that unify them."""
+
+    scope: dict[str, dict[str, str]] = field(default_factory=dict)  # alias -> column -> variable
+    parent: dict[str, str] = field(default_factory=dict)           # union-find over variables
+    body: list = field(default_factory=list)
+    #: correlated equalities (outer variable, inner variable) found in a subquery
+    correlations: list[tuple[str, str]] = field(default_factory=list)
+
+    def find(self, v: str) -> str:
+        while self.parent.get(v, v) != v:
+            v = self.parent[v]
+        return v
+
+    def unify(self, a: str, b: str) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.parent[rb] = ra
+
+
+class SqlCompiler:
+    """Compiles the SQL views of a project into one program, view by view (views may read views)."""
+
+    def __init__(self, program: Program):
+        self.program = program
+        self.view = ""
+        self._ctes: dict[str, str] = {}
+        self._counter = 0
+
+    # -- names -------------------------------------------------------------------------------------
+
+    def _aux(self, columns: list[str], semantics: str = "bag") -> Predicate:
+        self._counter += 1
+        pred = Predicate(f"{self.view}__{self._counter}", columns, "aux", semantics, owner=self.view)
+        self.program.predicates[pred.name] = pred
+        return pred
+
+    def _fresh(self, hint: str) -> str:
+        self._counter += 1
+        return f"{re.sub(r'[^A-Za-z0-9_]', '_', hint)}_{self._counter}"
+
+    def _fail(self, what: str) -> Unsupported:
+        return Unsupported(f"views.{self.view}: {what} is not supported yet")
+
+    # -- entry -------------------------------------------------------------------------------------
+
+    def compile_view(self, name: str, sql: str) -> Predicate:
+        self.view, self._ctes, self._counter = name, {}, 0
+        try:
+            tree = sqlglot.parse_one(sql, read="spark")
+        except ParseError as e:
+            raise ConfigError(f"views.{name}: SQL syntax error: {str(e).splitlines()[0]}") from e
+        if not isinstance(tree, exp.Query):
+            raise ConfigError(f"views.{name}: a view is a query (SELECT ...), not {tree.key.upper()}")
+        schema = {p.name: {c: "string" for c in p.columns}
+                  for p in self.program.predicates.values() if p.kind in ("base", "view")}
+        try:
+            tree = qualify(tree, schema=schema, dialect="spark", quote_identifiers=False,
+                           validate_qualify_columns=True)
+        except OptimizeError as e:
+            raise ConfigError(f"views.{name}: {str(e).splitlines()[0]}") from e
+        return self._query(tree, name, "view")
+
+    # -- queries -----------------------------------------------------------------------------------
+
+    def _query(self, node: exp.Expression, name: str | None, kind: str = "aux") -> Predicate:
+        """Compile a query into predicate ``name`` (a new auxiliary predicate if None)."""
+        if node.args.get("order") or node.args.get("limit") or node.args.get("offset"):
+            raise self._fail("ORDER BY / LIMIT in a view")
+        with_ = _arg(node, "with")
+        if with_ is not None:
+            if with_.args.get("recursive"):
+                raise self._fail("WITH RECURSIVE")
+            for cte in with_.expressions:
+                self._ctes[cte.alias_or_name] = self._query(cte.this, None).name
+        if isinstance(node, exp.Subquery):
+            return self._query(node.this, name, kind)
+        if isinstance(node, exp.SetOperation):
+            return self._set_operation(node, name, kind)
+        if isinstance(node, exp.Select):
+            return self._select(node, name, kind)
+        raise self._fail(f"the query form {node.key.upper()}")
+
+    def _target(self, name: str | None, kind: str, columns: list[str], semantics: str) -> Predicate:
+        if name is None:
+            return self._aux(columns, semantics)
+        pred = Predicate(name, columns, kind, semantics)  # type: ignore[arg-type]
+        self.program.predicates[name] = pred
+        return pred
+
+    def _set_operation(self, node: exp.SetOperation, name: str | None, kind: str) -> Predicate:
+        distinct = bool(node.args.get("distinct"))
+        op = {exp.Union: "UNION", exp.Intersect: "INTERSECT", exp.Except: "EXCEPT"}[type(node)]
+        if op != "UNION" and not distinct:
+            raise self._fail(f"{op} ALL")
+        left, right = self._query(node.left, None), self._query(node.right, None)
+        if len(left.columns) != len(right.columns):
+            raise ConfigError(f"views.{self.view}: the sides of {op} have {len(left.columns)} and "
+                              f"{len(right.columns)} columns")
+        target = self._target(name, kind, list(left.columns), "set" if distinct else "bag")
+        xs = tuple(Var(f"C{i}") for i in range(len(left.columns)))
+        if op == "UNION":
+            self.program.rules += [Rule(Atom(target.name, xs), (Literal(Atom(left.name, xs)),)),
+                                   Rule(Atom(target.name, xs), (Literal(Atom(right.name, xs)),))]
+        else:  # set operators compare rows with IS NOT DISTINCT FROM
+            other = Literal(Atom(right.name, xs), negated=op == "EXCEPT", null_safe=True)
+            self.program.rules.append(Rule(Atom(target.name, xs), (Literal(Atom(left.name, xs)), other)))
+        return target
+
+    def _select(self, sel: exp.Select, name: str | None, kind: str) -> Predicate:
+        block = _Block()
+        from_ = _arg(sel, "from")
+        if from_ is None:
+            raise self._fail("SELECT without FROM")
+        if sel.args.get("laterals"):
+            raise self._fail("LATERAL VIEW / explode")
+        conjuncts: list[exp.Expression] = []
+        for i, source in enumerate([from_.this] + [j.this for j in sel.args.get("joins") or []]):
+            if i > 0:
+                join = sel.args["joins"][i - 1]
+                if join.side or join.kind in ("SEMI", "ANTI"):
+                    raise self._fail(f"{(join.side or join.kind).upper()} JOIN")
+                if join.args.get("on") is not None:
+                    conjuncts += _conjuncts(join.args["on"])
+                if join.args.get("using"):
+                    raise self._fail("JOIN ... USING")
+            self._source(source, block)
+        if sel.args.get("where") is not None:
+            conjuncts += _conjuncts(sel.args["where"].this)
+        for c in conjuncts:
+            self._conjunct(c, block, None)
+        columns = [p.alias_or_name for p in sel.expressions]
+        if len(set(c.lower() for c in columns)) != len(columns):
+            raise ConfigError(f"views.{self.view}: duplicate output column names {columns}")
+        semantics = "set" if sel.args.get("distinct") else "bag"
+        aggregated = sel.args.get("group") is not None or sel.args.get("having") is not None or any(
+            p.find(*AGGREGATES) for p in sel.expressions)
+        target = self._target(name, kind, columns, semantics)
+        if aggregated:
+            head_terms, body = self._aggregate(sel, block)
+        else:
+            head_terms = [self._term(p.unalias(), block) for p in sel.expressions]
+            body = block.body
+        self.program.rules.append(_resolved(Rule(Atom(target.name, tuple(head_terms)), tuple(body)), block))
+        return target
+
+    # -- FROM items and conditions -------------------------------------------------------------
+
+    def _source(self, source: exp.Expression, block: _Block) -> None:
+        alias = source.alias_or_name
+        if isinstance(source, exp.Table):
+            table = source.name
+            pred_name = self._ctes.get(table, table)
+            pred = self.program.predicates.get(pred_name)
+            if pred is None:
+                raise ConfigError(f"views.{self.view}: unknown table or view {table!r}")
+        elif isinstance(source, exp.Subquery):
+            pred = self._query(source.this, None)
+        else:
+            raise self._fail(f"the FROM item {source.sql(dialect='spark')!r}")
+        variables = {c: self._fresh(f"{alias}_{c}") for c in pred.columns}
+        block.scope[alias] = variables
+        block.body.append(Literal(Atom(pred.name, tuple(Var(variables[c]) for c in pred.columns))))
+
+    def _var(self, col: exp.Column, block: _Block) -> str | None:
+        cols = block.scope.get(col.table)
+        return cols.get(col.name) if cols is not None else None
+
+    def _conjunct(self, c: exp.Expression, block: _Block, outer: _Block | None) -> None:
+        if isinstance(c, exp.EQ) and isinstance(c.this, exp.Column) and isinstance(c.expression, exp.Column):
+            left, right = self._var(c.this, block), self._var(c.expression, block)
+            if left and right:
+                block.unify(left, right)
+                return
+            if outer is not None and (left or right):
+                outer_col = c.expression if left else c.this
+                outer_var = self._var(outer_col, outer)
+                if outer_var:
+                    block.correlations.append((outer_var, left or right))  # type: ignore[arg-type]
+                    return
+        negated = isinstance(c, exp.Not)
+        inner = c.this if negated else c
+        if isinstance(inner, exp.Exists):
+            self._exists(inner.this, block, negated)
+            return
+        if isinstance(inner, exp.In) and inner.args.get("query") is not None:
+            if negated:
+                raise self._fail("NOT IN (subquery) (its NULL semantics differ from NOT EXISTS; use NOT EXISTS)")
+            self._in(inner, block)
+            return
+        if c.find(exp.Exists, exp.Subquery, exp.Select):
+            raise self._fail(f"the subquery condition {c.sql(dialect='spark')!r}")
+        block.body.append(Condition(self._expression(c, block)))
+
+    def _correlated(self, query: exp.Expression, block: _Block) -> tuple[Predicate, _Block]:
+        sel = query.this if isinstance(query, exp.Subquery) else query
+        if not isinstance(sel, exp.Select):
+            raise self._fail("a set operation inside EXISTS/IN")
+        inner = _Block()
+        for j in sel.args.get("joins") or []:
+            if j.side:
+                raise self._fail(f"{j.side.upper()} JOIN")
+        for source in [_arg(sel, "from").this] + [j.this for j in sel.args.get("joins") or []]:
+            self._source(source, inner)
+        conjuncts = [x for j in sel.args.get("joins") or [] if j.args.get("on") is not None
+                     for x in _conjuncts(j.args["on"])]
+        if sel.args.get("where") is not None:
+            conjuncts += _conjuncts(sel.args["where"].this)
+        for c in conjuncts:
+            if any(self._var(col, inner) is None and self._var(col, block) is not None
+                   for col in c.find_all(exp.Column)) and not (
+                    isinstance(c, exp.EQ) and isinstance(c.this, exp.Column) and isinstance(c.expression, exp.Column)):
+                raise self._fail(f"the correlated condition {c.sql(dialect='spark')!r} (only column = column)")
+            self._conjunct(c, inner, block)
+        return sel, inner
+
+    def _exists(self, query: exp.Expression, block: _Block, negated: bool) -> None:
+        _, inner = self._correlated(query, block)
+        outer_vars = [o for o, _ in inner.correlations]
+        pred = self._aux([f"k{i}" for i in range(len(outer_vars))], "set")
+        head = Atom(pred.name, tuple(Var(i) for _, i in inner.correlations))
+        self.program.rules.append(_resolved(Rule(head, tuple(inner.body)), inner))
+        block.body.append(Literal(Atom(pred.name, tuple(Var(o) for o in outer_vars)), negated=negated))
+
+    def _in(self, node: exp.In, block: _Block) -> None:
+        sel, inner = self._correlated(node.args["query"], block)
+        if len(sel.expressions) != 1:
+            raise ConfigError(f"views.{self.view}: an IN subquery must select one column")
+        value = self._term(sel.expressions[0].unalias(), inner)
+        pred = self._aux(["v"] + [f"k{i}" for i in range(len(inner.correlations))], "set")
+        head = Atom(pred.name, (value, *(Var(i) for _, i in inner.correlations)))
+        self.program.rules.append(_resolved(Rule(head, tuple(inner.body)), inner))
+        probe = self._term(node.this, block)
+        if not isinstance(probe, Var):
+            v = Var(self._fresh("in"))
+            block.body.append(Assign(v, probe))
+            probe = v
+        block.body.append(Literal(Atom(pred.name, (probe, *(Var(o) for o, _ in inner.correlations)))))
+
+    # -- expressions ---------------------------------------------------------------------------------
+
+    def _expression(self, node: exp.Expression, block: _Block) -> exp.Expression:
+        """A copy of ``node`` whose column references name this block's variables."""
+        def swap(n: exp.Expression) -> exp.Expression:
+            if isinstance(n, exp.Column):
+                v = self._var(n, block)
+                if v is None:
+                    raise ConfigError(f"views.{self.view}: column {n.sql(dialect='spark')} is not available here")
+                return exp.column(v, quoted=True)
+            return n
+        return node.copy().transform(swap)
+
+    def _term(self, node: exp.Expression, block: _Block) -> Var | Expr:
+        if isinstance(node, exp.Column):
+            v = self._var(node, block)
+            if v is None:
+                raise ConfigError(f"views.{self.view}: column {node.sql(dialect='spark')} is not available here")
+            return Var(v)
+        return Expr(self._expression(node, block))
+
+    def _aggregate(self, sel: exp.Select, block: _Block) -> tuple[list, list]:
+        """GROUP BY as 000 §6.2's GROUPBY subgoal over an auxiliary predicate of the input rows.
+
+        Every equality of the block is unified by now, so variables are taken resolved."""
+        def resolved_term(node: exp.Expression) -> Var | Expr:
+            t = self._term(node, block)
+            return Var(block.find(t.name)) if isinstance(t, Var) else Expr(_resolve_tree(t.tree, block))
+
+        group_nodes = list(sel.args["group"].expressions) if sel.args.get("group") else []
+        inner_head: list[Var] = []
+        replace: dict[str, exp.Expression] = {}  # SQL text of a group expression or aggregate -> variable
+        by: list[Var] = []
+        for g in group_nodes:
+            term = resolved_term(g)
+            if isinstance(term, Expr):
+                v = Var(self._fresh("g"))
+                block.body.append(Assign(v, term))
+                term = v
+            by.append(term)
+            inner_head.append(term)
+            replace[g.sql(dialect="spark")] = exp.column(term.name, quoted=True)
+        aggregates: list[Aggregate] = []
+        nodes = [p.unalias() for p in sel.expressions]
+        having = sel.args.get("having")
+        for node in nodes + ([having.this] if having is not None else []):
+            for agg in node.find_all(*AGGREGATES):
+                key = agg.sql(dialect="spark")
+                if key in replace:
+                    continue
+                distinct = isinstance(agg.this, exp.Distinct)
+                arg = agg.this.expressions[0] if distinct else agg.this
+                if isinstance(arg, exp.Star) or arg is None:
+                    arg_var = None
+                else:
+                    term = resolved_term(arg)
+                    if isinstance(term, Expr):
+                        v = Var(self._fresh("a"))
+                        block.body.append(Assign(v, term))
+                        term = v
+                    arg_var = term
+                    if term not in inner_head:
+                        inner_head.append(term)
+                out = Var(self._fresh(AGGREGATES[type(agg)]))
+                aggregates.append(Aggregate(out, AGGREGATES[type(agg)],
+                                            Expr(exp.column(arg_var.name, quoted=True)) if arg_var else None,
+                                            distinct))
+                replace[key] = exp.column(out.name, quoted=True)
+        pre = self._aux([v.name for v in inner_head])
+        self.program.rules.append(_resolved(Rule(Atom(pre.name, tuple(inner_head)), tuple(block.body)), block))
+
+        def rewrite(node: exp.Expression) -> Var | Expr:
+            text = node.sql(dialect="spark")
+            if text in replace:
+                return Var(replace[text].name)
+            tree = node.copy().transform(
+                lambda n: replace.get(n.sql(dialect="spark"), n) if isinstance(n, (exp.Column, *AGGREGATES)) else n)
+            stray = [c for c in tree.find_all(exp.Column) if c.name not in
+                     {r.name for r in replace.values()}]
+            if stray:
+                raise ConfigError(f"views.{self.view}: {stray[0].sql(dialect='spark')} must appear in GROUP BY "
+                                  "or in an aggregate")
+            return Expr(tree)
+
+        group = GroupBy(Atom(pre.name, tuple(inner_head)), tuple(by), tuple(aggregates))
+        body: list = [group]
+        if having is not None:
+            cond = rewrite(having.this)
+            body.append(Condition(cond.tree if isinstance(cond, Expr) else exp.column(cond.name, quoted=True)))
+        return [rewrite(n) for n in nodes], body
+
+
+def _arg(node: exp.Expression, name: str):
+    """``from``/``with`` are ``from_``/``with_`` in newer sqlglot releases."""
+    value = node.args.get(f"{name}_")
+    return value if value is not None else node.args.get(name)
+
+
+def _conjuncts(node: exp.Expression) -> list[exp.Expression]:
+    if isinstance(node, exp.And):
+        return _conjuncts(node.this) + _conjuncts(node.expression)
+    if isinstance(node, exp.Paren):
+        return _conjuncts(node.this)
+    return [node]
+
+
+def _resolve_tree(node: exp.Expression, block: _Block) -> exp.Expression:
+    return node.copy().transform(
+        lambda n: exp.column(block.find(n.name), quoted=True) if isinstance(n, exp.Column) else n)
+
+
+def _resolved(rule: Rule, block: _Block) -> Rule:
+    """Apply the block's unifications to every variable of the rule."""
+    def term(t):
+        if isinstance(t, Var):
+            return Var(block.find(t.name))
+        if isinstance(t, Expr):
+            return Expr(tree(t.tree))
+        return t
+
+    def tree(node: exp.Expression) -> exp.Expression:
+        return _resolve_tree(node, block)
+
+    def item(i):
+        if isinstance(i, Literal):
+            return Literal(Atom(i.atom.pred, tuple(term(a) for a in i.atom.args)), i.negated, i.null_safe)
+        if isinstance(i, Condition):
+            return Condition(tree(i.tree))
+        if isinstance(i, Assign):
+            return Assign(Var(block.find(i.var.name)), term(i.expr))
+        if isinstance(i, GroupBy):
+            return i
+        raise TypeError(i)
+
+    return Rule(Atom(rule.head.pred, tuple(term(a) for a in rule.head.args)), tuple(item(i) for i in rule.body))

@@ -1,0 +1,1 @@
+"""Maintenance algorithms, one module each (DESIGN.md §1)."""

@@ -1,0 +1,110 @@
+"""The front ends and stratification: golden rules for the papers' examples, and every class of bad
+definition refused with the view and construct named (no Spark needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ivm.config import parse_project
+from ivm.errors import ConfigError
+from ivm.lang import compile_project
+from ivm.stratify import stratify
+
+TABLES = {
+    "link": {"columns": {"src": "string", "dst": "string"}},
+    "clink": {"columns": {"src": "string", "dst": "string", "cost": "int"}},
+    "flight": {"columns": {"flight_id": "int", "miles": "int"}, "key": ["flight_id"]},
+    "res": {"columns": {"res_id": "int", "flight_id": "int", "seat": "string"}, "key": ["res_id"]},
+}
+
+
+def program(views: dict):
+    cfg = parse_project({"tables": TABLES, "views": views})
+    prog = compile_project(cfg)
+    return prog, stratify(prog)
+
+
+def rules_of(prog, view: str) -> list[str]:
+    preds = [view] + sorted(p for p, d in prog.predicates.items() if d.owner == view and p != view)
+    return [str(r) for p in preds for r in prog.rules_for(p)]
+
+
+def test_000_examples_rules_and_strata():
+    prog, strata = program({
+        "hop": {"datalog": "hop(X, Y) :- link(X, Z), link(Z, Y)."},
+        "tri_hop": {"datalog": "tri_hop(X, Y) :- hop(X, Z), link(Z, Y)."},
+        "only_tri_hop": {"datalog": "only_tri_hop(X, Y) :- tri_hop(X, Y), not hop(X, Y)."},
+        "min_cost_hop": {"datalog": "cost_hop(S, D, C1 + C2) :- clink(S, I, C1), clink(I, D, C2).\n"
+                                    "min_cost_hop(S, D, M) :- groupby(cost_hop(S, D, C), [S, D], M = min(C))."},
+    })
+    assert rules_of(prog, "only_tri_hop") == ["only_tri_hop(X, Y) :- tri_hop(X, Y), not hop(X, Y)."]
+    assert rules_of(prog, "min_cost_hop") == [
+        "min_cost_hop(S, D, M) :- groupby(cost_hop(S, D, C), [S, D], M = min(`C`)).",
+        "cost_hop(S, D, (`C1` + `C2`)) :- clink(S, I, C1), clink(I, D, C2)."]
+    # 000 Definition 3.1 and Example 4.2 / 6.1: hop 1, tri_hop 2, only_tri_hop 3
+    assert {p: strata.stratum_of[p] for p in ["link", "hop", "tri_hop", "only_tri_hop", "cost_hop",
+                                              "min_cost_hop"]} == {
+        "link": 0, "hop": 1, "tri_hop": 2, "only_tri_hop": 3, "cost_hop": 1, "min_cost_hop": 2}
+    assert prog.predicates["cost_hop"].kind == "aux" and prog.predicates["cost_hop"].owner == "min_cost_hop"
+    assert prog.predicates["min_cost_hop"].columns == ["s", "d", "m"]
+
+
+def test_sql_join_unifies_columns_and_keeps_bag_semantics():
+    prog, _ = program({"hop": {"sql": "SELECT l1.src, l2.dst FROM link l1 JOIN link l2 ON l1.dst = l2.src"}})
+    [rule] = prog.rules_for("hop")
+    assert str(rule) == "hop(l1_src_1, l2_dst_4) :- link(l1_src_1, l1_dst_2), link(l1_dst_2, l2_dst_4)."
+    assert prog.predicates["hop"].semantics == "bag"
+    assert prog.predicates["hop"].columns == ["src", "dst"]
+
+
+def test_sql_aggregate_is_a_groupby_subgoal():
+    prog, strata = program({"miles": {"sql": "SELECT r.flight_id, count(*) AS n, sum(f.miles) AS total "
+                                             "FROM res r JOIN flight f ON r.flight_id = f.flight_id "
+                                             "GROUP BY r.flight_id HAVING count(*) > 1"}})
+    assert rules_of(prog, "miles") == [
+        "miles(r_flight_id_2, count_6, sum_7) :- groupby(miles__8(r_flight_id_2, f_miles_5), [r_flight_id_2], "
+        "count_6 = count(*), sum_7 = sum(`f_miles_5`)), `count_6` > 1.",
+        "miles__8(r_flight_id_2, f_miles_5) :- res(r_res_id_1, r_flight_id_2, r_seat_3), "
+        "flight(r_flight_id_2, f_miles_5)."]
+    assert strata.stratum_of["miles"] == 2
+
+
+def test_sql_subqueries_and_set_operators():
+    prog, _ = program({
+        "free": {"sql": "SELECT flight_id FROM flight f WHERE NOT EXISTS "
+                        "(SELECT 1 FROM res r WHERE r.flight_id = f.flight_id)"},
+        "both": {"sql": "SELECT src FROM link INTERSECT SELECT dst FROM link"},
+    })
+    assert rules_of(prog, "free")[0] == ("free(f_flight_id_1) :- flight(f_flight_id_1, f_miles_2), "
+                                         "not free__6(f_flight_id_1).")
+    assert rules_of(prog, "free")[1] == "free__6(r_flight_id_4) :- res(r_res_id_3, r_flight_id_4, r_seat_5)."
+    assert prog.predicates["free__6"].semantics == "set"
+    assert rules_of(prog, "both")[0] == "both(C0) :- both__3(C0), both__6(C0) (null-safe)."
+    assert prog.predicates["both"].semantics == "set"
+
+
+@pytest.mark.parametrize("views, message", [
+    ({"v": {"sql": "SELECT * FROM nope"}}, "views.v: unknown table or view 'nope'"),
+    ({"v": {"sql": "SELECT nope FROM link"}}, "views.v: Column 'nope' could not be resolved"),
+    ({"v": {"sql": "SELEC src FROM link"}}, "views.v: SQL syntax error"),
+    ({"v": {"sql": "SELECT l.src FROM link l LEFT JOIN link m ON l.dst = m.src"}},
+     "views.v: LEFT JOIN is not supported yet"),
+    ({"v": {"sql": "SELECT src FROM link WHERE dst NOT IN (SELECT src FROM link)"}}, "views.v: NOT IN (subquery)"),
+    ({"v": {"sql": "SELECT src FROM link ORDER BY src"}}, "views.v: ORDER BY / LIMIT in a view"),
+    ({"v": {"sql": "SELECT src, count(*) AS n FROM link"}}, "link.src must appear in GROUP BY or in an aggregate"),
+    ({"v": {"datalog": "v(X) :- link(X)."}}, "views.v: link has 2 columns (src, dst) but `link(X)` gives 1"),
+    ({"v": {"datalog": "v(X) :- nope(X)."}}, "views.v: unknown predicate nope"),
+    ({"v": {"datalog": "w(X) :- link(X, _)."}}, "views.v: the Datalog program does not define the predicate v"),
+    ({"v": {"datalog": "v(X, Y) :- link(X, _)."}}, "views.v: unsafe variable Y in the head"),
+    ({"v": {"datalog": "v(X) :- link(X, _), not link(X, Y)."}}, "views.v: unsafe variable Y in `not link(X, Y)`"),
+    ({"v": {"datalog": "v(X) :- link(X, Y), not w(X).\nw(X) :- v(X)."}},
+     "views.v: v depends on w through negation or aggregation inside a recursive cycle"),
+    ({"v": {"datalog": "v(X) :- link(X, Y"}}, "views.v: Datalog syntax error at line 1, column 17"),
+    ({"v": {"sql": "SELECT * FROM w"}, "w": {"sql": "SELECT * FROM v"}}, "views read each other in a cycle"),
+    ({"v": {"datalog": "v(X) :- link(X, _).\nlink(X, Y) :- v(X), v(Y)."}}, "predicate link is already defined"),
+])
+def test_bad_definitions_name_view_and_construct(views, message):
+    with pytest.raises(ConfigError) as e:
+        program(views)
+    assert message in str(e.value)
+    assert "\n" not in str(e.value)
