@@ -9,6 +9,9 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
+from tabulate import tabulate
+
+from ivm.analysis import analyse
 from ivm.config import ProjectConfig
 from ivm.ir import Program
 from ivm.stratify import Strata
@@ -28,6 +31,8 @@ class Explanation:
     rules: list[str]
     algorithm: str
     reasons: list[str]
+    #: 003's key-based analysis: whether it applies, bound columns, duplicates, per table and operation
+    key_based: dict
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -43,7 +48,19 @@ class Explanation:
             *[f"  {r}" for r in self.rules],
             f"maintenance: {self.algorithm}",
             *[f"  - {r}" for r in self.reasons],
+            "key-based analysis (003):",
         ]
+        kb = self.key_based
+        if kb["applicable"]:
+            lines.append("  applies: every operation below marked incremental needs no recomputation")
+        else:
+            lines.append(f"  does not apply: {kb['reason']}")
+        if kb["bound_columns"]:
+            lines.append(f"  bound columns: {', '.join(kb['bound_columns'])}")
+        if kb["operations"]:
+            table = tabulate([[r["table"], r["operation"], r["decision"], r["reason"]] for r in kb["operations"]],
+                             headers=["table", "operation", "key-based", "why"], tablefmt="simple")
+            lines += ["  " + line for line in table.splitlines()]
         return "\n".join(lines)
 
 
@@ -69,4 +86,13 @@ def explain(program: Program, strata: Strata, config: ProjectConfig, view: str) 
         rules=[str(r) for p in rule_preds for r in program.rules_for(p)],
         algorithm="full recompute",
         reasons=reasons,
+        key_based=_key_based(program, view),
     )
+
+
+def _key_based(program: Program, view: str) -> dict:
+    a = analyse(program, view)
+    return {"applicable": a.applicable, "reason": a.reason, "may_have_duplicates": a.may_have_duplicates,
+            "bound_columns": a.bound,
+            "operations": [{"table": t, "operation": op, "decision": d, "reason": why}
+                           for t, op, d, why in a.table()]}

@@ -165,7 +165,11 @@ class Predicate:
     semantics: Lit["bag", "set"] = "bag"
     #: the view an auxiliary predicate belongs to
     owner: str | None = None
-    key: list[str] | None = None
+    #: what an auxiliary predicate of a SQL view stands for: exists, in (subqueries), from (a subquery
+    #: in FROM or a CTE), setop (a side of UNION/INTERSECT/EXCEPT), groupby (the rows before GROUP BY)
+    role: str | None = None
+    #: the primary key and the alternate (unique) keys of a base table, each a list of columns
+    keys: list[list[str]] = field(default_factory=list)
 
 
 @dataclass

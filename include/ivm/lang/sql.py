@@ -69,9 +69,9 @@ class SqlCompiler:
 
     # -- names -------------------------------------------------------------------------------------
 
-    def _aux(self, columns: list[str], semantics: str = "bag") -> Predicate:
+    def _aux(self, columns: list[str], semantics: str = "bag", role: str = "from") -> Predicate:
         self._counter += 1
-        pred = Predicate(f"{self.view}__{self._counter}", columns, "aux", semantics, owner=self.view)
+        pred = Predicate(f"{self.view}__{self._counter}", columns, "aux", semantics, owner=self.view, role=role)
         self.program.predicates[pred.name] = pred
         return pred
 
@@ -103,8 +103,8 @@ class SqlCompiler:
 
     # -- queries -----------------------------------------------------------------------------------
 
-    def _query(self, node: exp.Expression, name: str | None, kind: str = "aux") -> Predicate:
-        """Compile a query into predicate ``name`` (a new auxiliary predicate if None)."""
+    def _query(self, node: exp.Expression, name: str | None, kind: str = "aux", role: str = "from") -> Predicate:
+        """Compile a query into predicate ``name`` (a new auxiliary predicate with ``role`` if None)."""
         if node.args.get("order") or node.args.get("limit") or node.args.get("offset"):
             raise self._fail("ORDER BY / LIMIT in a view")
         with_ = _arg(node, "with")
@@ -114,30 +114,30 @@ class SqlCompiler:
             for cte in with_.expressions:
                 self._ctes[cte.alias_or_name] = self._query(cte.this, None).name
         if isinstance(node, exp.Subquery):
-            return self._query(node.this, name, kind)
+            return self._query(node.this, name, kind, role)
         if isinstance(node, exp.SetOperation):
-            return self._set_operation(node, name, kind)
+            return self._set_operation(node, name, kind, role)
         if isinstance(node, exp.Select):
-            return self._select(node, name, kind)
+            return self._select(node, name, kind, role)
         raise self._fail(f"the query form {node.key.upper()}")
 
-    def _target(self, name: str | None, kind: str, columns: list[str], semantics: str) -> Predicate:
+    def _target(self, name: str | None, kind: str, columns: list[str], semantics: str, role: str) -> Predicate:
         if name is None:
-            return self._aux(columns, semantics)
+            return self._aux(columns, semantics, role)
         pred = Predicate(name, columns, kind, semantics)  # type: ignore[arg-type]
         self.program.predicates[name] = pred
         return pred
 
-    def _set_operation(self, node: exp.SetOperation, name: str | None, kind: str) -> Predicate:
+    def _set_operation(self, node: exp.SetOperation, name: str | None, kind: str, role: str) -> Predicate:
         distinct = bool(node.args.get("distinct"))
         op = {exp.Union: "UNION", exp.Intersect: "INTERSECT", exp.Except: "EXCEPT"}[type(node)]
         if op != "UNION" and not distinct:
             raise self._fail(f"{op} ALL")
-        left, right = self._query(node.left, None), self._query(node.right, None)
+        left, right = self._query(node.left, None, role="setop"), self._query(node.right, None, role="setop")
         if len(left.columns) != len(right.columns):
             raise ConfigError(f"views.{self.view}: the sides of {op} have {len(left.columns)} and "
                               f"{len(right.columns)} columns")
-        target = self._target(name, kind, list(left.columns), "set" if distinct else "bag")
+        target = self._target(name, kind, list(left.columns), "set" if distinct else "bag", role)
         xs = tuple(Var(f"C{i}") for i in range(len(left.columns)))
         if op == "UNION":
             self.program.rules += [Rule(Atom(target.name, xs), (Literal(Atom(left.name, xs)),)),
@@ -147,7 +147,7 @@ class SqlCompiler:
             self.program.rules.append(Rule(Atom(target.name, xs), (Literal(Atom(left.name, xs)), other)))
         return target
 
-    def _select(self, sel: exp.Select, name: str | None, kind: str) -> Predicate:
+    def _select(self, sel: exp.Select, name: str | None, kind: str, role: str) -> Predicate:
         block = _Block()
         from_ = _arg(sel, "from")
         if from_ is None:
@@ -175,7 +175,7 @@ class SqlCompiler:
         semantics = "set" if sel.args.get("distinct") else "bag"
         aggregated = sel.args.get("group") is not None or sel.args.get("having") is not None or any(
             p.find(*AGGREGATES) for p in sel.expressions)
-        target = self._target(name, kind, columns, semantics)
+        target = self._target(name, kind, columns, semantics, role)
         if aggregated:
             head_terms, body = self._aggregate(sel, block)
         else:
@@ -257,7 +257,7 @@ class SqlCompiler:
     def _exists(self, query: exp.Expression, block: _Block, negated: bool) -> None:
         _, inner = self._correlated(query, block)
         outer_vars = [o for o, _ in inner.correlations]
-        pred = self._aux([f"k{i}" for i in range(len(outer_vars))], "set")
+        pred = self._aux([f"k{i}" for i in range(len(outer_vars))], "set", "exists")
         head = Atom(pred.name, tuple(Var(i) for _, i in inner.correlations))
         self.program.rules.append(_resolved(Rule(head, tuple(inner.body)), inner))
         block.body.append(Literal(Atom(pred.name, tuple(Var(o) for o in outer_vars)), negated=negated))
@@ -267,7 +267,7 @@ class SqlCompiler:
         if len(sel.expressions) != 1:
             raise ConfigError(f"views.{self.view}: an IN subquery must select one column")
         value = self._term(sel.expressions[0].unalias(), inner)
-        pred = self._aux(["v"] + [f"k{i}" for i in range(len(inner.correlations))], "set")
+        pred = self._aux(["v"] + [f"k{i}" for i in range(len(inner.correlations))], "set", "in")
         head = Atom(pred.name, (value, *(Var(i) for _, i in inner.correlations)))
         self.program.rules.append(_resolved(Rule(head, tuple(inner.body)), inner))
         probe = self._term(node.this, block)
@@ -345,7 +345,7 @@ class SqlCompiler:
                                             Expr(exp.column(arg_var.name, quoted=True)) if arg_var else None,
                                             distinct))
                 replace[key] = exp.column(out.name, quoted=True)
-        pre = self._aux([v.name for v in inner_head])
+        pre = self._aux([v.name for v in inner_head], role="groupby")
         self.program.rules.append(_resolved(Rule(Atom(pre.name, tuple(inner_head)), tuple(block.body)), block))
 
         def rewrite(node: exp.Expression) -> Var | Expr:
