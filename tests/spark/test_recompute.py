@@ -50,6 +50,16 @@ SQL_VIEWS = {
     "v_expr": "SELECT a + 1 AS a1, upper(b) AS ub, a * 2 - 1 AS odd FROM r",
     "v_selfjoin": "SELECT r1.a, r2.a AS a2 FROM r r1 JOIN r r2 ON r1.b = r2.b AND r1.a < r2.a",
     "v_group_expr": "SELECT a % 2 AS parity, sum(a) AS s FROM r GROUP BY a % 2",
+    "v_left": "SELECT r.a, r.b, s.c FROM r LEFT JOIN s ON r.b = s.b",
+    "v_left_cond": "SELECT r.a, s.c FROM r LEFT JOIN s ON r.b = s.b AND s.c > 1",
+    "v_right": "SELECT r.a, s.b, s.c FROM r RIGHT JOIN s ON r.b = s.b",
+    "v_full": "SELECT r.a, r.b, s.b AS sb, s.c FROM r FULL OUTER JOIN s ON r.b = s.b",
+    "v_left_agg": "SELECT r.b, count(s.c) AS n, count(*) AS m FROM r LEFT JOIN s ON r.b = s.b GROUP BY r.b",
+    "v_left_is_null": "SELECT r.a FROM r LEFT JOIN s ON r.b = s.b WHERE s.b IS NULL",
+    "v_left_chain": "SELECT l1.src, l2.dst, l3.dst AS d3 FROM link l1 LEFT JOIN link l2 ON l1.dst = l2.src "
+                    "LEFT JOIN link l3 ON l2.dst = l3.src",
+    "v_left_then_inner": "SELECT l1.src, l3.dst FROM link l1 LEFT JOIN link l2 ON l1.dst = l2.src "
+                         "JOIN link l3 ON l3.src = l1.src",
 }
 
 #: 000's examples in Datalog, and the SQL DuckDB evaluates for each (set semantics)

@@ -62,11 +62,19 @@ def test_sql_aggregate_is_a_groupby_subgoal():
                                              "FROM res r JOIN flight f ON r.flight_id = f.flight_id "
                                              "GROUP BY r.flight_id HAVING count(*) > 1"}})
     assert rules_of(prog, "miles") == [
-        "miles(r_flight_id_2, count_6, sum_7) :- groupby(miles__8(r_flight_id_2, f_miles_5), [r_flight_id_2], "
-        "count_6 = count(*), sum_7 = sum(`f_miles_5`)), `count_6` > 1.",
-        "miles__8(r_flight_id_2, f_miles_5) :- res(r_res_id_1, r_flight_id_2, r_seat_3), "
+        "miles(g_6, count_7, sum_9) :- groupby(miles__10(g_6, a_8), [g_6], count_7 = count(*), sum_9 = sum(`a_8`)), "
+        "`count_7` > 1.",
+        "miles__10(r_flight_id_2, f_miles_5) :- res(r_res_id_1, r_flight_id_2, r_seat_3), "
         "flight(r_flight_id_2, f_miles_5)."]
     assert strata.stratum_of["miles"] == 2
+
+
+def test_sql_left_join_is_a_matched_and_a_padded_rule():
+    prog, _ = program({"v": {"sql": "SELECT l.src, m.dst FROM link l LEFT JOIN link m ON l.dst = m.src"}})
+    assert rules_of(prog, "v") == [
+        "v(l_src_1, m_dst_4) :- link(l_src_1, l_dst_2), link(l_dst_2, m_dst_4).",
+        "v(l_src_1, NULL) :- link(l_src_1, l_dst_2), not v__9(l_dst_2).",
+        "v__9(m_src_7) :- link(m_src_7, m_dst_8)."]
 
 
 def test_sql_subqueries_and_set_operators():
@@ -87,8 +95,10 @@ def test_sql_subqueries_and_set_operators():
     ({"v": {"sql": "SELECT * FROM nope"}}, "views.v: unknown table or view 'nope'"),
     ({"v": {"sql": "SELECT nope FROM link"}}, "views.v: Column 'nope' could not be resolved"),
     ({"v": {"sql": "SELEC src FROM link"}}, "views.v: SQL syntax error"),
-    ({"v": {"sql": "SELECT l.src FROM link l LEFT JOIN link m ON l.dst = m.src"}},
-     "views.v: LEFT JOIN is not supported yet"),
+    ({"v": {"sql": "SELECT l.src FROM link l LEFT JOIN link m ON l.dst < m.src"}},
+     "views.v: the LEFT JOIN condition 'l.dst < m.src' (use column = column between the two sides"),
+    ({"v": {"sql": "SELECT l.src FROM link l LEFT JOIN link m ON l.dst = m.src RIGHT JOIN link n ON n.src = m.dst"}},
+     "views.v: RIGHT JOIN after another outer join is not supported yet"),
     ({"v": {"sql": "SELECT src FROM link WHERE dst NOT IN (SELECT src FROM link)"}}, "views.v: NOT IN (subquery)"),
     ({"v": {"sql": "SELECT src FROM link ORDER BY src"}}, "views.v: ORDER BY / LIMIT in a view"),
     ({"v": {"sql": "SELECT src, count(*) AS n FROM link"}}, "link.src must appear in GROUP BY or in an aggregate"),

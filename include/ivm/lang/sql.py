@@ -23,7 +23,20 @@ from sqlglot.errors import OptimizeError, ParseError
 from sqlglot.optimizer.qualify import qualify
 
 from ivm.errors import ConfigError
-from ivm.ir import Aggregate, Assign, Atom, Condition, Expr, GroupBy, Literal, Predicate, Program, Rule, Var
+from ivm.ir import (
+    Aggregate,
+    Assign,
+    Atom,
+    Condition,
+    Const,
+    Expr,
+    GroupBy,
+    Literal,
+    Predicate,
+    Program,
+    Rule,
+    Var,
+)
 
 #: sqlglot aggregate classes and the Spark SQL function each stands for
 AGGREGATES: dict[type, str] = {
@@ -46,6 +59,12 @@ class _Block:
     body: list = field(default_factory=list)
     #: correlated equalities (outer variable, inner variable) found in a subquery
     correlations: list[tuple[str, str]] = field(default_factory=list)
+    #: variables that are NULL in this block: the padded side of an outer join
+    nulls: set[str] = field(default_factory=set)
+
+    def copy(self) -> _Block:
+        return _Block({a: dict(c) for a, c in self.scope.items()}, dict(self.parent), list(self.body),
+                      list(self.correlations), set(self.nulls))
 
     def find(self, v: str) -> str:
         while self.parent.get(v, v) != v:
@@ -148,27 +167,32 @@ class SqlCompiler:
         return target
 
     def _select(self, sel: exp.Select, name: str | None, kind: str, role: str) -> Predicate:
-        block = _Block()
         from_ = _arg(sel, "from")
         if from_ is None:
             raise self._fail("SELECT without FROM")
         if sel.args.get("laterals"):
             raise self._fail("LATERAL VIEW / explode")
-        conjuncts: list[exp.Expression] = []
-        for i, source in enumerate([from_.this] + [j.this for j in sel.args.get("joins") or []]):
-            if i > 0:
-                join = sel.args["joins"][i - 1]
-                if join.side or join.kind in ("SEMI", "ANTI"):
-                    raise self._fail(f"{(join.side or join.kind).upper()} JOIN")
-                if join.args.get("on") is not None:
-                    conjuncts += _conjuncts(join.args["on"])
-                if join.args.get("using"):
-                    raise self._fail("JOIN ... USING")
-            self._source(source, block)
+        # one block per combination of matched / padded outer joins: each becomes one rule
+        blocks = [_Block()]
+        self._bind(from_.this.alias_or_name, self._source_predicate(from_.this), blocks[0])
+        where: list[exp.Expression] = []
+        for join in sel.args.get("joins") or []:
+            if join.kind in ("SEMI", "ANTI") or join.args.get("using"):
+                raise self._fail("SEMI/ANTI JOIN" if join.kind in ("SEMI", "ANTI") else "JOIN ... USING")
+            on = _conjuncts(join.args["on"]) if join.args.get("on") is not None else []
+            side = (join.side or "").upper()
+            if not side:  # an inner join's ON is part of the rule's predicate, as WHERE is
+                pred = self._source_predicate(join.this)
+                for b in blocks:
+                    self._bind(join.this.alias_or_name, pred, b)
+                where += on
+            else:
+                blocks = self._outer_join(side, join.this, on, blocks)
         if sel.args.get("where") is not None:
-            conjuncts += _conjuncts(sel.args["where"].this)
-        for c in conjuncts:
-            self._conjunct(c, block, None)
+            where += _conjuncts(sel.args["where"].this)
+        for b in blocks:
+            for c in where:
+                self._conjunct(c, b, None)
         columns = [p.alias_or_name for p in sel.expressions]
         if len(set(c.lower() for c in columns)) != len(columns):
             raise ConfigError(f"views.{self.view}: duplicate output column names {columns}")
@@ -177,30 +201,113 @@ class SqlCompiler:
             p.find(*AGGREGATES) for p in sel.expressions)
         target = self._target(name, kind, columns, semantics, role)
         if aggregated:
-            head_terms, body = self._aggregate(sel, block)
-        else:
-            head_terms = [self._term(p.unalias(), block) for p in sel.expressions]
-            body = block.body
-        self.program.rules.append(_resolved(Rule(Atom(target.name, tuple(head_terms)), tuple(body)), block))
+            self._aggregate(sel, blocks, target)
+            return target
+        for b in blocks:
+            head = [self._term(p.unalias(), b) for p in sel.expressions]
+            self._add_rule(Rule(Atom(target.name, tuple(head)), tuple(b.body)), b)
         return target
+
+    def _add_rule(self, rule: Rule, block: _Block) -> None:
+        resolved = _resolved(rule, block)
+        if resolved is not None:  # None: a padded NULL must equal something, so the rule derives nothing
+            self.program.rules.append(resolved)
+
+    def _outer_join(self, side: str, source: exp.Expression, on: list[exp.Expression],
+                    blocks: list[_Block]) -> list[_Block]:
+        """R LEFT JOIN S ON c = (R ⋈c S) ⊎ (R ▷c S padded with NULLs); RIGHT and FULL likewise. The
+        anti-join is a negated atom over an auxiliary predicate holding the join partners' keys."""
+        pred = self._source_predicate(source)
+        alias = source.alias_or_name
+        out: list[_Block] = []
+        if side in ("RIGHT", "FULL") and len(blocks) > 1:
+            raise self._fail(f"{side} JOIN after another outer join")
+        for b in blocks:
+            matched = b.copy()
+            self._bind(alias, pred, matched)
+            for c in on:
+                self._conjunct(c, matched, None)
+            out.append(matched)
+            if side in ("LEFT", "FULL"):  # left rows without a partner
+                padded = b.copy()
+                self._bind(alias, pred, padded, padded=True)
+                partners, outer_vars = self._partners(source, pred, on, b, side)
+                padded.body.append(Literal(Atom(partners, tuple(Var(v) for v in outer_vars)), negated=True))
+                out.append(padded)
+        if side in ("RIGHT", "FULL"):  # right rows without a partner: the left side padded
+            left = blocks[0]
+            padded = _Block()
+            self._bind(alias, pred, padded)
+            for a, cols in left.scope.items():
+                padded.scope[a] = dict(cols)
+                padded.nulls |= set(cols.values())
+            pairs = self._equalities(on, left, padded, side)
+            partners = self._aux([f"k{i}" for i in range(len(pairs))], "set", "exists")
+            self._add_rule(Rule(Atom(partners.name, tuple(Var(lv) for lv, _ in pairs)), tuple(left.body)), left)
+            padded.body.append(Literal(Atom(partners.name, tuple(Var(rv) for _, rv in pairs)), negated=True))
+            out.append(padded)
+        return out
+
+    def _partners(self, source: exp.Expression, pred: Predicate, on: list[exp.Expression], left: _Block,
+                  side: str) -> tuple[str, list[str]]:
+        """An auxiliary predicate of the right side's rows that satisfy ON, keyed by the left columns ON
+        equates them to; and those left variables."""
+        inner = _Block()
+        self._bind(source.alias_or_name, pred, inner)
+        for c in on:
+            cols = list(c.find_all(exp.Column))
+            if all(self._var(col, inner) for col in cols):
+                self._conjunct(c, inner, None)  # a condition on the joined table alone
+                continue
+            if isinstance(c, exp.EQ) and isinstance(c.this, exp.Column) \
+                    and isinstance(c.expression, exp.Column):
+                self._conjunct(c, inner, left)
+                if inner.correlations and inner.correlations[-1][1] in {self._var(x, inner) for x in cols}:
+                    continue
+            raise self._fail(f"the {side} JOIN condition {c.sql(dialect='spark')!r} (use column = column "
+                             "between the two sides, or conditions on the joined table alone)")
+        aux = self._aux([f"k{i}" for i in range(len(inner.correlations))], "set", "exists")
+        self._add_rule(Rule(Atom(aux.name, tuple(Var(i) for _, i in inner.correlations)), tuple(inner.body)), inner)
+        return aux.name, [o for o, _ in inner.correlations]
+
+    def _equalities(self, on: list[exp.Expression], left: _Block, right: _Block, side: str) -> list[tuple[str, str]]:
+        pairs = []
+        for c in on:
+            if isinstance(c, exp.EQ) and isinstance(c.this, exp.Column) and isinstance(c.expression, exp.Column):
+                a, b = c.this, c.expression
+                if self._var(a, left) and self._var(b, right):
+                    pairs.append((self._var(a, left), self._var(b, right)))
+                    continue
+                if self._var(b, left) and self._var(a, right):
+                    pairs.append((self._var(b, left), self._var(a, right)))
+                    continue
+            raise self._fail(f"the {side} JOIN condition {c.sql(dialect='spark')!r} (only column = column "
+                             "between the two sides)")
+        return pairs  # type: ignore[return-value]
 
     # -- FROM items and conditions -------------------------------------------------------------
 
-    def _source(self, source: exp.Expression, block: _Block) -> None:
-        alias = source.alias_or_name
+    def _source_predicate(self, source: exp.Expression) -> Predicate:
         if isinstance(source, exp.Table):
-            table = source.name
-            pred_name = self._ctes.get(table, table)
-            pred = self.program.predicates.get(pred_name)
+            pred = self.program.predicates.get(self._ctes.get(source.name, source.name))
             if pred is None:
-                raise ConfigError(f"views.{self.view}: unknown table or view {table!r}")
-        elif isinstance(source, exp.Subquery):
-            pred = self._query(source.this, None)
-        else:
-            raise self._fail(f"the FROM item {source.sql(dialect='spark')!r}")
+                raise ConfigError(f"views.{self.view}: unknown table or view {source.name!r}")
+            return pred
+        if isinstance(source, exp.Subquery):
+            return self._query(source.this, None)
+        raise self._fail(f"the FROM item {source.sql(dialect='spark')!r}")
+
+    def _bind(self, alias: str, pred: Predicate, block: _Block, padded: bool = False) -> None:
+        """Give the source's columns fresh variables in ``block``: an atom, or NULLs if padded."""
         variables = {c: self._fresh(f"{alias}_{c}") for c in pred.columns}
         block.scope[alias] = variables
-        block.body.append(Literal(Atom(pred.name, tuple(Var(variables[c]) for c in pred.columns))))
+        if padded:
+            block.nulls |= set(variables.values())
+        else:
+            block.body.append(Literal(Atom(pred.name, tuple(Var(variables[c]) for c in pred.columns))))
+
+    def _source(self, source: exp.Expression, block: _Block) -> None:
+        self._bind(source.alias_or_name, self._source_predicate(source), block)
 
     def _var(self, col: exp.Column, block: _Block) -> str | None:
         cols = block.scope.get(col.table)
@@ -259,7 +366,7 @@ class SqlCompiler:
         outer_vars = [o for o, _ in inner.correlations]
         pred = self._aux([f"k{i}" for i in range(len(outer_vars))], "set", "exists")
         head = Atom(pred.name, tuple(Var(i) for _, i in inner.correlations))
-        self.program.rules.append(_resolved(Rule(head, tuple(inner.body)), inner))
+        self._add_rule(Rule(head, tuple(inner.body)), inner)
         block.body.append(Literal(Atom(pred.name, tuple(Var(o) for o in outer_vars)), negated=negated))
 
     def _in(self, node: exp.In, block: _Block) -> None:
@@ -269,7 +376,7 @@ class SqlCompiler:
         value = self._term(sel.expressions[0].unalias(), inner)
         pred = self._aux(["v"] + [f"k{i}" for i in range(len(inner.correlations))], "set", "in")
         head = Atom(pred.name, (value, *(Var(i) for _, i in inner.correlations)))
-        self.program.rules.append(_resolved(Rule(head, tuple(inner.body)), inner))
+        self._add_rule(Rule(head, tuple(inner.body)), inner)
         probe = self._term(node.this, block)
         if not isinstance(probe, Var):
             v = Var(self._fresh("in"))
@@ -298,75 +405,58 @@ class SqlCompiler:
             return Var(v)
         return Expr(self._expression(node, block))
 
-    def _aggregate(self, sel: exp.Select, block: _Block) -> tuple[list, list]:
-        """GROUP BY as 000 §6.2's GROUPBY subgoal over an auxiliary predicate of the input rows.
-
-        Every equality of the block is unified by now, so variables are taken resolved."""
-        def resolved_term(node: exp.Expression) -> Var | Expr:
-            t = self._term(node, block)
-            return Var(block.find(t.name)) if isinstance(t, Var) else Expr(_resolve_tree(t.tree, block))
-
+    def _aggregate(self, sel: exp.Select, blocks: list[_Block], target: Predicate) -> None:
+        """GROUP BY as 000 §6.2's GROUPBY subgoal over an auxiliary predicate of the input rows (one rule
+        per block: the matched and padded combinations of outer joins)."""
         group_nodes = list(sel.args["group"].expressions) if sel.args.get("group") else []
-        inner_head: list[Var] = []
-        replace: dict[str, exp.Expression] = {}  # SQL text of a group expression or aggregate -> variable
-        by: list[Var] = []
-        for g in group_nodes:
-            term = resolved_term(g)
-            if isinstance(term, Expr):
-                v = Var(self._fresh("g"))
-                block.body.append(Assign(v, term))
-                term = v
-            by.append(term)
-            inner_head.append(term)
-            replace[g.sql(dialect="spark")] = exp.column(term.name, quoted=True)
-        aggregates: list[Aggregate] = []
         nodes = [p.unalias() for p in sel.expressions]
         having = sel.args.get("having")
+        calls: dict[str, exp.Expression] = {}
         for node in nodes + ([having.this] if having is not None else []):
             for agg in node.find_all(*AGGREGATES):
-                key = agg.sql(dialect="spark")
-                if key in replace:
-                    continue
-                distinct = isinstance(agg.this, exp.Distinct)
-                arg = agg.this.expressions[0] if distinct else agg.this
-                if isinstance(arg, exp.Star) or arg is None:
-                    arg_var = None
-                else:
-                    term = resolved_term(arg)
-                    if isinstance(term, Expr):
-                        v = Var(self._fresh("a"))
-                        block.body.append(Assign(v, term))
-                        term = v
-                    arg_var = term
-                    if term not in inner_head:
-                        inner_head.append(term)
-                out = Var(self._fresh(AGGREGATES[type(agg)]))
-                aggregates.append(Aggregate(out, AGGREGATES[type(agg)],
-                                            Expr(exp.column(arg_var.name, quoted=True)) if arg_var else None,
-                                            distinct))
-                replace[key] = exp.column(out.name, quoted=True)
-        pre = self._aux([v.name for v in inner_head], role="groupby")
-        self.program.rules.append(_resolved(Rule(Atom(pre.name, tuple(inner_head)), tuple(block.body)), block))
+                calls.setdefault(agg.sql(dialect="spark"), agg)
+        replace: dict[str, str] = {}  # SQL text of a group expression or aggregate call -> variable
+        by = [Var(self._fresh("g")) for _ in group_nodes]
+        for g, v in zip(group_nodes, by, strict=True):
+            replace[g.sql(dialect="spark")] = v.name
+        args: list[exp.Expression] = []  # the aggregates' arguments, each a column of the input predicate
+        aggregates: list[Aggregate] = []
+        arg_vars: list[Var] = []
+        for text, agg in calls.items():
+            distinct = isinstance(agg.this, exp.Distinct)
+            arg = agg.this.expressions[0] if distinct else agg.this
+            arg_var = None
+            if arg is not None and not isinstance(arg, exp.Star):
+                arg_var = Var(self._fresh("a"))
+                args.append(arg)
+                arg_vars.append(arg_var)
+            out = Var(self._fresh(AGGREGATES[type(agg)]))
+            aggregates.append(Aggregate(out, AGGREGATES[type(agg)],
+                                        Expr(exp.column(arg_var.name, quoted=True)) if arg_var else None, distinct))
+            replace[text] = out.name
+        inputs = self._aux([v.name for v in [*by, *arg_vars]], role="groupby")
+        for b in blocks:
+            head = [self._term(n, b) for n in [*group_nodes, *args]]
+            self._add_rule(Rule(Atom(inputs.name, tuple(head)), tuple(b.body)), b)
 
         def rewrite(node: exp.Expression) -> Var | Expr:
             text = node.sql(dialect="spark")
             if text in replace:
-                return Var(replace[text].name)
+                return Var(replace[text])
             tree = node.copy().transform(
-                lambda n: replace.get(n.sql(dialect="spark"), n) if isinstance(n, (exp.Column, *AGGREGATES)) else n)
-            stray = [c for c in tree.find_all(exp.Column) if c.name not in
-                     {r.name for r in replace.values()}]
+                lambda n: exp.column(replace[n.sql(dialect="spark")], quoted=True)
+                if isinstance(n, (exp.Column, *AGGREGATES)) and n.sql(dialect="spark") in replace else n)
+            stray = [c for c in tree.find_all(exp.Column) if c.name not in set(replace.values())]
             if stray:
                 raise ConfigError(f"views.{self.view}: {stray[0].sql(dialect='spark')} must appear in GROUP BY "
                                   "or in an aggregate")
             return Expr(tree)
 
-        group = GroupBy(Atom(pre.name, tuple(inner_head)), tuple(by), tuple(aggregates))
-        body: list = [group]
+        body: list = [GroupBy(Atom(inputs.name, tuple([*by, *arg_vars])), tuple(by), tuple(aggregates))]
         if having is not None:
             cond = rewrite(having.this)
             body.append(Condition(cond.tree if isinstance(cond, Expr) else exp.column(cond.name, quoted=True)))
-        return [rewrite(n) for n in nodes], body
+        self.program.rules.append(Rule(Atom(target.name, tuple(rewrite(n) for n in nodes)), tuple(body)))
 
 
 def _arg(node: exp.Expression, name: str):
@@ -383,32 +473,39 @@ def _conjuncts(node: exp.Expression) -> list[exp.Expression]:
     return [node]
 
 
-def _resolve_tree(node: exp.Expression, block: _Block) -> exp.Expression:
-    return node.copy().transform(
-        lambda n: exp.column(block.find(n.name), quoted=True) if isinstance(n, exp.Column) else n)
+def _resolved(rule: Rule, block: _Block) -> Rule | None:
+    """Apply the block's unifications to every variable of the rule, and its NULLs (the padded side of
+    an outer join). None if the rule can derive nothing: a NULL would have to equal something."""
+    nulls = {block.find(v) for v in block.nulls}
 
+    def is_null(name: str) -> bool:
+        return block.find(name) in nulls
 
-def _resolved(rule: Rule, block: _Block) -> Rule:
-    """Apply the block's unifications to every variable of the rule."""
+    def tree(node: exp.Expression) -> exp.Expression:
+        return node.copy().transform(lambda n: (exp.Null() if is_null(n.name) else
+                                                exp.column(block.find(n.name), quoted=True))
+                                     if isinstance(n, exp.Column) else n)
+
     def term(t):
         if isinstance(t, Var):
-            return Var(block.find(t.name))
+            return Const(None) if is_null(t.name) else Var(block.find(t.name))
         if isinstance(t, Expr):
             return Expr(tree(t.tree))
         return t
 
-    def tree(node: exp.Expression) -> exp.Expression:
-        return _resolve_tree(node, block)
-
-    def item(i):
+    body = []
+    for i in rule.body:
         if isinstance(i, Literal):
-            return Literal(Atom(i.atom.pred, tuple(term(a) for a in i.atom.args)), i.negated, i.null_safe)
-        if isinstance(i, Condition):
-            return Condition(tree(i.tree))
-        if isinstance(i, Assign):
-            return Assign(Var(block.find(i.var.name)), term(i.expr))
-        if isinstance(i, GroupBy):
-            return i
-        raise TypeError(i)
-
-    return Rule(Atom(rule.head.pred, tuple(term(a) for a in rule.head.args)), tuple(item(i) for i in rule.body))
+            padded = any(isinstance(a, Var) and is_null(a.name) for a in i.atom.args)
+            if padded and not i.negated:
+                return None  # a join on a padded NULL finds nothing
+            if padded:
+                continue  # NOT EXISTS on a NULL correlation holds: NULL equals nothing
+            body.append(Literal(Atom(i.atom.pred, tuple(term(a) for a in i.atom.args)), i.negated, i.null_safe))
+        elif isinstance(i, Condition):
+            body.append(Condition(tree(i.tree)))
+        elif isinstance(i, Assign):
+            body.append(Assign(Var(block.find(i.var.name)), term(i.expr)))
+        else:
+            body.append(i)
+    return Rule(Atom(rule.head.pred, tuple(term(a) for a in rule.head.args)), tuple(body))
