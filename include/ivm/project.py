@@ -103,7 +103,12 @@ class Project:
         construct named, and nothing is stored. A table that already holds data or changes keeps its
         columns and key: changing them would reinterpret stored files, so that is refused too.
         """
-        _ = self.program
+        program, strata = self.program
+        for component in strata.components:
+            if component.recursive:
+                owner = program.predicates[component.predicates[0]].owner or component.predicates[0]
+                raise ConfigError(f"views.{owner}: {', '.join(component.predicates)} is recursive; recursive views "
+                                  "are not maintained yet (evaluation and DRed, 000 §7, arrive with their issue)")
         applied = self.catalog.table_defs()
         for name, table in self.config.tables.items():
             old = applied.get(name)

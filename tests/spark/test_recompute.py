@@ -50,6 +50,8 @@ SQL_VIEWS = {
     "v_expr": "SELECT a + 1 AS a1, upper(b) AS ub, a * 2 - 1 AS odd FROM r",
     "v_selfjoin": "SELECT r1.a, r2.a AS a2 FROM r r1 JOIN r r2 ON r1.b = r2.b AND r1.a < r2.a",
     "v_group_expr": "SELECT a % 2 AS parity, sum(a) AS s FROM r GROUP BY a % 2",
+    "v_not_in": "SELECT a FROM r WHERE a NOT IN (SELECT c FROM s)",
+    "v_not_in_correlated": "SELECT a, b FROM r WHERE a + 1 NOT IN (SELECT c FROM s WHERE s.b = r.b)",
     "v_left": "SELECT r.a, r.b, s.c FROM r LEFT JOIN s ON r.b = s.b",
     "v_left_cond": "SELECT r.a, s.c FROM r LEFT JOIN s ON r.b = s.b AND s.c > 1",
     "v_right": "SELECT r.a, s.b, s.c FROM r RIGHT JOIN s ON r.b = s.b",

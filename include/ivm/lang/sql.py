@@ -8,8 +8,10 @@ over a set-semantics auxiliary predicate that exposes the correlated columns (co
 UNION ALL adds derivations (bag); UNION, INTERSECT, EXCEPT and DISTINCT have set semantics, and set
 operators compare NULLs as equal.
 
-Constructs not handled yet are refused at `ivm apply` with the construct named: outer joins, NOT IN,
-INTERSECT ALL / EXCEPT ALL, WITH RECURSIVE, explode / LATERAL VIEW, ORDER BY / LIMIT.
+Outer joins are the union of a matched rule and a NULL-padded rule whose negated atom finds no partner;
+NOT IN keeps SQL's NULL semantics with three negated atoms; WITH RECURSIVE gives a recursive predicate.
+Constructs not handled yet are refused at `ivm apply` with the construct named: INTERSECT ALL /
+EXCEPT ALL, explode / LATERAL VIEW, ORDER BY / LIMIT, non-equality correlation.
 """
 
 from __future__ import annotations
@@ -128,10 +130,11 @@ class SqlCompiler:
             raise self._fail("ORDER BY / LIMIT in a view")
         with_ = _arg(node, "with")
         if with_ is not None:
-            if with_.args.get("recursive"):
-                raise self._fail("WITH RECURSIVE")
             for cte in with_.expressions:
-                self._ctes[cte.alias_or_name] = self._query(cte.this, None).name
+                if with_.args.get("recursive") and isinstance(cte.this, exp.Union):
+                    self._recursive_cte(cte)
+                else:
+                    self._ctes[cte.alias_or_name] = self._query(cte.this, None).name
         if isinstance(node, exp.Subquery):
             return self._query(node.this, name, kind, role)
         if isinstance(node, exp.SetOperation):
@@ -139,6 +142,17 @@ class SqlCompiler:
         if isinstance(node, exp.Select):
             return self._select(node, name, kind, role)
         raise self._fail(f"the query form {node.key.upper()}")
+
+    def _recursive_cte(self, cte: exp.CTE) -> None:
+        """WITH RECURSIVE r AS (base UNION [ALL] step): the predicate exists before its rules, so the
+        step's reference to r is a recursive subgoal (evaluated by DRed's fixpoint, 000 §7)."""
+        columns = [c.name for c in cte.args["alias"].columns] or [
+            p.alias_or_name for p in cte.this.left.find(exp.Select).expressions]
+        pred = self._aux(columns, "set" if cte.this.args.get("distinct") else "bag", "from")
+        self._ctes[cte.alias_or_name] = pred.name
+        self._set_operation(cte.this, pred.name, "aux", "from")
+        pred_now = self.program.predicates[pred.name]
+        pred_now.owner, pred_now.role = self.view, "from"
 
     def _target(self, name: str | None, kind: str, columns: list[str], semantics: str, role: str) -> Predicate:
         if name is None:
@@ -331,9 +345,7 @@ class SqlCompiler:
             self._exists(inner.this, block, negated)
             return
         if isinstance(inner, exp.In) and inner.args.get("query") is not None:
-            if negated:
-                raise self._fail("NOT IN (subquery) (its NULL semantics differ from NOT EXISTS; use NOT EXISTS)")
-            self._in(inner, block)
+            (self._not_in if negated else self._in)(inner, block)
             return
         if c.find(exp.Exists, exp.Subquery, exp.Select):
             raise self._fail(f"the subquery condition {c.sql(dialect='spark')!r}")
@@ -383,6 +395,39 @@ class SqlCompiler:
             block.body.append(Assign(v, probe))
             probe = v
         block.body.append(Literal(Atom(pred.name, (probe, *(Var(o) for o, _ in inner.correlations)))))
+
+    def _not_in(self, node: exp.In, block: _Block) -> None:
+        """``x NOT IN (SELECT c ...)`` with SQL's NULL semantics: true when the subquery is empty;
+        otherwise false when x is NULL, when some c = x, or when some c is NULL. As negated atoms over
+        three auxiliary predicates: the values, a NULL value, and "the subquery is not empty" probed
+        with the flag ``x IS NULL``."""
+        sel, inner = self._correlated(node.args["query"], block)
+        if len(sel.expressions) != 1:
+            raise ConfigError(f"views.{self.view}: a NOT IN subquery must select one column")
+        value = self._term(sel.expressions[0].unalias(), inner)
+        keys = [f"k{i}" for i in range(len(inner.correlations))]
+        inner_corr = tuple(Var(i) for _, i in inner.correlations)
+        outer_corr = tuple(Var(o) for o, _ in inner.correlations)
+        values = self._aux(["v", *keys], "set", "in")
+        self._add_rule(Rule(Atom(values.name, (value, *inner_corr)), tuple(inner.body)), inner)
+        nulls = self._aux(keys, "set", "in")
+        value_tree = value.tree if isinstance(value, Expr) else exp.column(value.name, quoted=True)
+        self._add_rule(Rule(Atom(nulls.name, inner_corr),
+                            (*inner.body, Condition(exp.Is(this=value_tree.copy(), expression=exp.Null())))), inner)
+        nonempty = self._aux(["f", *keys], "set", "in")
+        self._add_rule(Rule(Atom(nonempty.name, (Const(True), *inner_corr)), tuple(inner.body)), inner)
+        probe = self._term(node.this, block)
+        if not isinstance(probe, Var):
+            v = Var(self._fresh("in"))
+            block.body.append(Assign(v, probe))
+            probe = v
+        flag = Var(self._fresh("is_null"))
+        block.body += [
+            Literal(Atom(values.name, (probe, *outer_corr)), negated=True),
+            Literal(Atom(nulls.name, outer_corr), negated=True),
+            Assign(flag, Expr(exp.Is(this=exp.column(probe.name, quoted=True), expression=exp.Null()))),
+            Literal(Atom(nonempty.name, (flag, *outer_corr)), negated=True),
+        ]
 
     # -- expressions ---------------------------------------------------------------------------------
 
