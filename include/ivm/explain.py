@@ -14,6 +14,7 @@ from tabulate import tabulate
 from ivm.analysis import analyse
 from ivm.config import ProjectConfig
 from ivm.ir import Program
+from ivm.maintain.delta_rules import delta_rules
 from ivm.stratify import Strata
 
 
@@ -33,6 +34,8 @@ class Explanation:
     reasons: list[str]
     #: 003's key-based analysis: whether it applies, bound columns, duplicates, per table and operation
     key_based: dict
+    #: 000 Definition 4.1's delta rules of every rule, in Datalog form and as SQL
+    delta_rules: list[dict]
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -61,6 +64,10 @@ class Explanation:
             table = tabulate([[r["table"], r["operation"], r["decision"], r["reason"]] for r in kb["operations"]],
                              headers=["table", "operation", "key-based", "why"], tablefmt="simple")
             lines += ["  " + line for line in table.splitlines()]
+        lines.append("delta rules (000 Definition 4.1; ᵛ is the new state, unmarked subgoals the old one):")
+        for d in self.delta_rules:
+            lines.append(f"  {d['rule']}")
+            lines += ["      " + line for line in d["sql"].splitlines()]
         return "\n".join(lines)
 
 
@@ -87,6 +94,8 @@ def explain(program: Program, strata: Strata, config: ProjectConfig, view: str) 
         algorithm="full recompute",
         reasons=reasons,
         key_based=_key_based(program, view),
+        delta_rules=[{"rule": str(d), "sql": d.sql(program)}
+                     for p in rule_preds for r in program.rules_for(p) for d in delta_rules(r)],
     )
 
 

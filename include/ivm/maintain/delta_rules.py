@@ -1,0 +1,153 @@
+"""The delta rules of 000 Definition 4.1, for `ivm explain` now and the counting algorithm next.
+
+For a rule ``p :- s1, ..., sn`` the i-th delta rule is
+
+    Δ(p) :- s1ᵛ, ..., s(i-1)ᵛ, Δ(si), s(i+1), ..., sn.
+
+new states (ᵛ) before the Δ subgoal, old states after it, so each derivation that changes is counted
+exactly once (000 §4). A negated subgoal contributes Δ(¬q), the tuples whose absence from q changed
+(000 Definition 6.1); a GROUPBY subgoal contributes the changed groups of its aggregate (000 Algorithm
+6.1). Conditions and assignments are kept as they are. Each rule is also rendered as SQL a person can
+read: relations are named ``<pred>__old``, ``<pred>__new`` and ``<pred>__delta``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlglot import exp
+
+from ivm.ir import Assign, Condition, Const, Expr, GroupBy, Literal, Program, Rule, Var, Wildcard
+
+OLD, NEW, DELTA = "old", "new", "delta"
+
+
+@dataclass(frozen=True)
+class DeltaRule:
+    """One term of Definition 4.1: the source rule with a state chosen for each subgoal."""
+
+    rule: Rule
+    states: tuple[str | None, ...]  # per body item: old | new | delta, None for conditions/assignments
+    term: int
+    terms: int
+
+    def __str__(self) -> str:
+        items = []
+        for item, state in zip(self.rule.body, self.states, strict=True):
+            text = str(item)
+            if state == DELTA:
+                text = f"Δ({text})"
+            elif state == NEW:
+                text = text.replace(f"{_pred(item)}(", f"{_pred(item)}ᵛ(", 1)
+            items.append(text)
+        return f"Δ{self.rule.head} :- {', '.join(items)}."
+
+    def sql(self, program: Program) -> str:
+        return rule_sql(program, self.rule, self.states)
+
+
+def _pred(item) -> str:
+    return item.atom.pred
+
+
+def delta_rules(rule: Rule) -> list[DeltaRule]:
+    """000 Definition 4.1: one delta rule per subgoal (atom, negated atom or GROUPBY)."""
+    subgoals = [i for i, item in enumerate(rule.body) if isinstance(item, Literal | GroupBy)]
+    out = []
+    for n, k in enumerate(subgoals):
+        states = tuple(None if i not in subgoals else NEW if i < k else DELTA if i == k else OLD
+                       for i in range(len(rule.body)))
+        out.append(DeltaRule(rule, states, n + 1, len(subgoals)))
+    return out
+
+
+def rule_sql(program: Program, rule: Rule, states: tuple[str | None, ...] | None = None) -> str:
+    """A rule as a SELECT over its subgoals' relations, counts multiplied (000 §3)."""
+    states = states or tuple(None for _ in rule.body)
+    binding: dict[str, exp.Expression] = {}
+    froms: list[str] = []
+    where: list[str] = []
+    counts: list[str] = []
+
+    def rel(pred: str, state: str | None) -> str:
+        return pred if state is None else f"{pred}__{state}"
+
+    def col(alias: str, name: str) -> exp.Expression:
+        return exp.column(name, table=alias)
+
+    def render(tree: exp.Expression) -> str:
+        return tree.copy().transform(
+            lambda n: binding[n.name].copy() if isinstance(n, exp.Column) and n.name in binding else n
+        ).sql(dialect="spark")
+
+    def bind_atom(alias: str, columns: list[str], args) -> None:
+        for c, a in zip(columns, args, strict=True):
+            if isinstance(a, Var):
+                if a.name in binding:
+                    where.append(f"{alias}.{c} = {binding[a.name].sql(dialect='spark')}")
+                else:
+                    binding[a.name] = col(alias, c)
+            elif isinstance(a, Const):
+                where.append(f"{alias}.{c} IS NULL" if a.value is None else
+                             f"{alias}.{c} = {exp.convert(a.value).sql(dialect='spark')}")
+            elif isinstance(a, Expr):
+                where.append(f"{alias}.{c} = {render(a.tree)}")
+
+    n = 0
+    for item, state in zip(rule.body, states, strict=True):
+        if isinstance(item, Literal) and (not item.negated or state == DELTA):
+            n += 1
+            alias = f"t{n}"
+            if item.negated:  # 000 Definition 6.1: Δ(Q̄) is a relation, joined like a positive subgoal
+                froms.append(f"not_{item.atom.pred}__delta AS {alias} /* Δ(¬{item.atom.pred}): +1 for tuples of "
+                             f"Δ{item.atom.pred} no longer in {item.atom.pred}, -1 for those newly in it */")
+            else:
+                froms.append(f"{rel(item.atom.pred, state)} AS {alias}")
+            bind_atom(alias, program.predicates[item.atom.pred].columns, item.atom.args)
+            counts.append(f"{alias}.__count")
+        elif isinstance(item, GroupBy):
+            n += 1
+            alias = f"g{n}"
+            inner_cols = program.predicates[item.atom.pred].columns
+            names = dict(zip((a.name for a in item.atom.args if isinstance(a, Var)), inner_cols, strict=False))
+            aggs = ", ".join(f"{a.func}({'DISTINCT ' if a.distinct else ''}"
+                             f"{names.get(next(iter(a.arg.variables())), '*') if a.arg else '*'}) AS {a.var.name}"
+                             for a in item.aggregates)
+            by = ", ".join(names[v.name] for v in item.by)
+            froms.append(f"(SELECT {by + ', ' if by else ''}{aggs} FROM {rel(item.atom.pred, state)}"
+                         f"{' GROUP BY ' + by if by else ''}) AS {alias}")
+            for v in item.by:
+                binding[v.name] = col(alias, names[v.name])
+            for a in item.aggregates:
+                binding[a.var.name] = col(alias, a.var.name)
+    for item in rule.body:
+        if isinstance(item, Assign):
+            binding[item.var.name] = exp.Paren(this=exp.maybe_parse(render(item.expr.tree), dialect="spark"))
+    for item, state in zip(rule.body, states, strict=True):
+        if isinstance(item, Condition):
+            where.append(render(item.tree))
+        elif isinstance(item, Literal) and item.negated and state != DELTA:
+            # 000 §6.1 cases 1 and 2: Q̄ from the old Q, Q̄ᵛ from the new one (Lemma 6.1)
+            columns = program.predicates[item.atom.pred].columns
+            eq = "<=>" if item.null_safe else "="
+            conds = [f"n.{c} {eq} {binding[a.name].sql(dialect='spark')}" for c, a in zip(columns, item.atom.args,
+                                                                                          strict=True)
+                     if isinstance(a, Var) and a.name in binding]
+            where.append(f"NOT EXISTS (SELECT 1 FROM {rel(item.atom.pred, state)} AS n"
+                         f"{' WHERE ' + ' AND '.join(conds) if conds else ''})")
+    head_cols = program.predicates[rule.head.pred].columns
+    select = []
+    for c, a in zip(head_cols, rule.head.args, strict=True):
+        if isinstance(a, Var):
+            select.append(f"{binding[a.name].sql(dialect='spark')} AS {c}")
+        elif isinstance(a, Const):
+            select.append(f"{exp.convert(a.value).sql(dialect='spark')} AS {c}")
+        elif isinstance(a, Expr):
+            select.append(f"{render(a.tree)} AS {c}")
+        elif isinstance(a, Wildcard):
+            select.append(f"NULL AS {c}")
+    select.append(f"{' * '.join(counts) or '1'} AS __count")
+    text = f"SELECT {', '.join(select)}\nFROM {', '.join(froms) or '(SELECT 1)'}"
+    if where:
+        text += "\nWHERE " + "\n  AND ".join(where)
+    return text
