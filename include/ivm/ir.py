@@ -21,6 +21,12 @@ from typing import Literal as Lit
 from sqlglot import exp
 
 
+def _free_columns(tree: exp.Expression) -> set[str]:
+    """Column references of an expression, less the parameters of its lambdas (``(a, x) -> a + x``)."""
+    bound = {p.name for lam in tree.find_all(exp.Lambda) for p in lam.expressions}
+    return {c.name for c in tree.find_all(exp.Column)} - bound
+
+
 @dataclass(frozen=True)
 class Var:
     name: str
@@ -50,7 +56,7 @@ class Expr:
     tree: exp.Expression
 
     def variables(self) -> set[str]:
-        return {c.name for c in self.tree.find_all(exp.Column)}
+        return _free_columns(self.tree)
 
     def __str__(self) -> str:
         return self.tree.sql(dialect="spark")
@@ -87,7 +93,7 @@ class Condition:
     tree: exp.Expression
 
     def variables(self) -> set[str]:
-        return {c.name for c in self.tree.find_all(exp.Column)}
+        return _free_columns(self.tree)
 
     def __str__(self) -> str:
         return self.tree.sql(dialect="spark")
@@ -132,7 +138,32 @@ class GroupBy:
                 f"{', '.join(map(str, self.aggregates))})")
 
 
-BodyItem = Literal | Condition | Assign | GroupBy
+@dataclass(frozen=True)
+class SetOf:
+    """001 Definition 1: ``setof(Y, p(X, Y, Z), S)`` binds S, for every binding of the atom's other
+    variables, to the set of Y values (a tuple of variables gives a set of tuples)."""
+
+    elements: tuple[Var, ...]
+    atom: Atom
+    result: Var
+
+    def group(self) -> tuple[Var, ...]:
+        names = {e.name for e in self.elements}
+        seen: dict[str, Var] = {}
+        for a in self.atom.args:
+            if isinstance(a, Var) and a.name not in names:
+                seen.setdefault(a.name, a)
+        return tuple(seen.values())
+
+    def variables(self) -> set[str]:
+        return {v.name for v in self.group()} | {self.result.name}
+
+    def __str__(self) -> str:
+        elems = self.elements[0] if len(self.elements) == 1 else f"({', '.join(map(str, self.elements))})"
+        return f"setof({elems}, {self.atom}, {self.result})"
+
+
+BodyItem = Literal | Condition | Assign | GroupBy | SetOf
 
 
 @dataclass(frozen=True)
@@ -146,7 +177,7 @@ class Rule:
         for item in self.body:
             if isinstance(item, Literal):
                 out.append((item.atom.pred, item.negated))
-            elif isinstance(item, GroupBy):
+            elif isinstance(item, GroupBy | SetOf):
                 out.append((item.atom.pred, True))
         return out
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ivm.errors import ConfigError
-from ivm.ir import Assign, Condition, Expr, GroupBy, Literal, Program, Rule, Var
+from ivm.ir import Assign, Condition, Expr, GroupBy, Literal, Program, Rule, SetOf, Var
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ def check_safety(program: Program, rule: Rule) -> None:
     for item in rule.body:
         if isinstance(item, Literal) and not item.negated:
             bound |= item.atom.variables()
-        elif isinstance(item, GroupBy):
+        elif isinstance(item, GroupBy | SetOf):
             bound |= item.variables()
     changed = True
     assigns = [i for i in rule.body if isinstance(i, Assign)]

@@ -49,6 +49,22 @@ def test_000_examples_rules_and_strata():
     assert prog.predicates["min_cost_hop"].columns == ["s", "d", "m"]
 
 
+def test_001_setof_views():
+    tables = {"tournament": {"columns": {"victor": "string", "defeated": "string", "location": "string"}}}
+    cfg = parse_project({"tables": tables, "views": {
+        "victories": {"datalog": "victories(V, W) :- setof(D, tournament(V, D, L), S), count(S, W)."},
+        "dominates": {"datalog": "dominates(V, W) :- setof(D, tournament(V, D, L), W)."}}})
+    prog = compile_project(cfg)
+    strata = stratify(prog)
+    assert [str(r) for r in prog.rules] == [
+        "victories(V, W) :- setof(D, tournament(V, D, L), S), W = SIZE(`S`).",
+        "dominates(V, W) :- setof(D, tournament(V, D, L), W)."]
+    assert strata.stratum_of["victories"] == strata.stratum_of["dominates"] == 1
+    with pytest.raises(ConfigError, match="the set's elements must be variables of tournament"):
+        compile_project(parse_project({"tables": tables, "views": {
+            "bad": {"datalog": "bad(V, S) :- setof(Q, tournament(V, D, L), S)."}}}))
+
+
 def test_sql_join_unifies_columns_and_keeps_bag_semantics():
     prog, _ = program({"hop": {"sql": "SELECT l1.src, l2.dst FROM link l1 JOIN link l2 ON l1.dst = l2.src"}})
     [rule] = prog.rules_for("hop")

@@ -9,7 +9,7 @@ from sqlglot.errors import ParseError
 
 from ivm.config import ProjectConfig
 from ivm.errors import ConfigError
-from ivm.ir import Atom, GroupBy, Literal, Predicate, Program, Rule, Var
+from ivm.ir import Atom, GroupBy, Literal, Predicate, Program, Rule, SetOf, Var
 from ivm.lang.datalog import parse_program
 from ivm.lang.sql import SqlCompiler
 
@@ -60,7 +60,7 @@ def add_datalog_view(program: Program, view: str, rules: list[Rule]) -> None:
                                              "set", owner=view)
     for r in rules:
         for item in r.body:
-            atom = item.atom if isinstance(item, Literal | GroupBy) else None
+            atom = item.atom if isinstance(item, Literal | GroupBy | SetOf) else None
             if atom is None:
                 continue
             target = program.predicates.get(atom.pred)
@@ -69,6 +69,8 @@ def add_datalog_view(program: Program, view: str, rules: list[Rule]) -> None:
             if len(atom.args) != len(target.columns):
                 raise ConfigError(f"views.{view}: {atom.pred} has {len(target.columns)} columns "
                                   f"({', '.join(target.columns)}) but `{atom}` gives {len(atom.args)}")
+            if isinstance(item, SetOf) and not {e.name for e in item.elements} <= atom.variables():
+                raise ConfigError(f"views.{view}: {item}: the set's elements must be variables of {atom}")
             if isinstance(item, GroupBy):
                 for a in item.aggregates:
                     if a.arg is not None and not (a.arg.variables() <= atom.variables()):

@@ -4,7 +4,9 @@ Grammar (documented for users in the README):
 
     program   := rule*
     rule      := atom [":-" item ("," item)*] "."
-    item      := atom | "not" atom | comparison | groupby
+    item      := atom | "not" atom | comparison | groupby | setof | setagg
+    setof     := "setof" "(" Y | "(" Y {"," Y} ")" "," atom "," S ")"      (001 Definition 1)
+    setagg    := ("count" | "sum" | "min" | "max" | "avg") "(" S "," W ")"  (an aggregate over the set S)
     atom      := name "(" [term ("," term)*] ")"
     term      := Variable | _ | constant | arithmetic over terms
     groupby   := "groupby" "(" atom "," "[" Variables "]" "," V "=" agg "(" [V | *] ")" {"," ...} ")"
@@ -19,21 +21,37 @@ name; other predicates it defines are auxiliary. Base predicates read tables by 
 
 from __future__ import annotations
 
+import sqlglot
 from lark import Lark, Token, Transformer, v_args
 from lark.exceptions import LarkError, UnexpectedInput
 from sqlglot import exp
 
 from ivm.errors import ConfigError
-from ivm.ir import Aggregate, Assign, Atom, Condition, Const, Expr, GroupBy, Literal, Rule, Var, Wildcard
+from ivm.ir import (
+    Aggregate,
+    Assign,
+    Atom,
+    Condition,
+    Const,
+    Expr,
+    GroupBy,
+    Literal,
+    Rule,
+    SetOf,
+    Var,
+    Wildcard,
+)
 
 GRAMMAR = r"""
     program: rule*
     rule: atom (":-" body)? "."
     body: item ("," item)*
-    ?item: negation | groupby | comparison | atom
+    ?item: negation | groupby | setof | comparison | atom
     negation: "not" atom
     groupby: "groupby" "(" atom "," "[" [VAR ("," VAR)*] "]" "," aggregate ("," aggregate)* ")"
     aggregate: VAR "=" NAME "(" [AGGARG] ")"
+    setof: "setof" "(" elements "," atom "," VAR ")"
+    elements: VAR | "(" VAR ("," VAR)* ")"
     AGGARG: VAR | "*"
     comparison: sum COMPARATOR sum
     COMPARATOR: "<=" | ">=" | "!=" | "<>" | "=" | "<" | ">"
@@ -62,6 +80,16 @@ GRAMMAR = r"""
 _PARSER = Lark(GRAMMAR, start="program", parser="lalr")
 
 _BINOPS = {"+": exp.Add, "-": exp.Sub, "*": exp.Mul, "/": exp.Div}
+#: 001 §2: aggregates are predicates over sets, ``count(S, W)``; each is a Spark SQL expression over
+#: the array that holds the set (no Python in the loop)
+SET_AGGREGATES = {
+    "count": "size({s})",
+    "sum": "aggregate({s}, CAST(0 AS BIGINT), (acc, x) -> acc + x)",
+    "min": "array_min({s})",
+    "max": "array_max({s})",
+    "avg": "aggregate({s}, CAST(0 AS DOUBLE), (acc, x) -> acc + x) / size({s})",
+}
+
 _COMPARE = {"=": exp.EQ, "!=": exp.NEQ, "<>": exp.NEQ, "<": exp.LT, "<=": exp.LTE, ">": exp.GT, ">=": exp.GTE}
 
 
@@ -121,6 +149,12 @@ class _ToIR(Transformer):
         aggs = tuple(a for a in rest if isinstance(a, Aggregate))
         return GroupBy(atom, by, aggs)
 
+    def elements(self, *names: Token):
+        return tuple(Var(str(n)) for n in names)
+
+    def setof(self, elements, atom: Atom, result: Token):
+        return SetOf(elements, atom, Var(str(result)))
+
     def body(self, *items):
         return list(items)
 
@@ -129,6 +163,15 @@ class _ToIR(Transformer):
 
     def program(self, *rules):
         return list(rules)
+
+
+def _set_aggregate(atom: Atom, view: str) -> Assign:
+    """``count(S, W)`` over a setof result S: W = the aggregate of the set (001 §2)."""
+    if len(atom.args) != 2 or not isinstance(atom.args[1], Var):
+        raise ConfigError(f"views.{view}: {atom}: an aggregate over a set takes the set and a result variable")
+    s, w = atom.args
+    text = SET_AGGREGATES[atom.pred].format(s=f"`{s.name}`")
+    return Assign(w, Expr(sqlglot.parse_one(text, read="spark")))
 
 
 def parse_program(text: str, view: str) -> list[Rule]:
@@ -144,13 +187,16 @@ def parse_program(text: str, view: str) -> list[Rule]:
         raise ConfigError(f"views.{view}: {str(e).strip().splitlines()[-1]}") from e
     rules = []
     for head, items in parsed:
+        sets = {i.result.name for i in items if isinstance(i, SetOf)}
+        items = [_set_aggregate(i, view) if isinstance(i, Atom) and i.pred in SET_AGGREGATES and i.args
+                 and isinstance(i.args[0], Var) and i.args[0].name in sets else i for i in items]
         bound: set[str] = set()
         for item in items:
             if isinstance(item, Literal) and not item.negated:
                 bound |= item.atom.variables()
             elif isinstance(item, Atom):
                 bound |= item.variables()
-            elif isinstance(item, GroupBy):
+            elif isinstance(item, GroupBy | SetOf):
                 bound |= item.variables()
         body = []
         for item in items:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
-from ivm.ir import Assign, Condition, Const, Expr, GroupBy, Literal, Program, Rule, Var, Wildcard
+from ivm.ir import Assign, Condition, Const, Expr, GroupBy, Literal, Program, Rule, SetOf, Var, Wildcard
 
 OLD, NEW, DELTA = "old", "new", "delta"
 
@@ -52,7 +52,7 @@ def _pred(item) -> str:
 
 def delta_rules(rule: Rule) -> list[DeltaRule]:
     """000 Definition 4.1: one delta rule per subgoal (atom, negated atom or GROUPBY)."""
-    subgoals = [i for i, item in enumerate(rule.body) if isinstance(item, Literal | GroupBy)]
+    subgoals = [i for i, item in enumerate(rule.body) if isinstance(item, Literal | GroupBy | SetOf)]
     out = []
     for n, k in enumerate(subgoals):
         states = tuple(None if i not in subgoals else NEW if i < k else DELTA if i == k else OLD
@@ -120,6 +120,20 @@ def rule_sql(program: Program, rule: Rule, states: tuple[str | None, ...] | None
                 binding[v.name] = col(alias, names[v.name])
             for a in item.aggregates:
                 binding[a.var.name] = col(alias, a.var.name)
+        elif isinstance(item, SetOf):
+            n += 1
+            alias = f"s{n}"
+            inner_cols = program.predicates[item.atom.pred].columns
+            names = dict(zip((a.name for a in item.atom.args if isinstance(a, Var)), inner_cols, strict=False))
+            group = ", ".join(names[v.name] for v in item.group())
+            elems = [names[e.name] for e in item.elements]
+            element = elems[0] if len(elems) == 1 else f"struct({', '.join(elems)})"
+            froms.append(f"(SELECT {group + ', ' if group else ''}array_sort(collect_set({element})) AS "
+                         f"{item.result.name} FROM {rel(item.atom.pred, state)}"
+                         f"{' GROUP BY ' + group if group else ''}) AS {alias}")
+            for v in item.group():
+                binding[v.name] = col(alias, names[v.name])
+            binding[item.result.name] = col(alias, item.result.name)
     for item in rule.body:
         if isinstance(item, Assign):
             binding[item.var.name] = exp.Paren(this=exp.maybe_parse(render(item.expr.tree), dialect="spark"))

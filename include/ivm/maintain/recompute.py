@@ -30,6 +30,7 @@ from ivm.ir import (
     Predicate,
     Program,
     Rule,
+    SetOf,
     Var,
     Wildcard,
 )
@@ -106,6 +107,17 @@ class Evaluator:
         grouped = rows.groupBy(*[F.col(_q(v.name)) for v in g.by]).agg(*aggs) if g.by else rows.agg(*aggs)
         return grouped.withColumn(C, F.lit(1).cast("long"))
 
+    def setof(self, s: SetOf) -> DataFrame:
+        """001 Definition 1: per binding of the atom's other variables, the set of the elements, as a
+        sorted array (a set has one canonical form, so equal sets are equal values); count 1."""
+        rows = self.atom(s.atom)
+        element = (F.col(_q(s.elements[0].name)) if len(s.elements) == 1
+                   else F.struct(*[F.col(_q(e.name)) for e in s.elements]))
+        agg = F.array_sort(F.collect_set(element)).alias(s.result.name)
+        group = [F.col(_q(v.name)) for v in s.group()]
+        grouped = rows.groupBy(*group).agg(agg) if group else rows.agg(agg)
+        return grouped.withColumn(C, F.lit(1).cast("long"))
+
     def rule(self, rule: Rule) -> DataFrame:
         """The Z-set of the rule's head: one derivation per combination of its positive subgoals."""
         df: DataFrame | None = None
@@ -114,6 +126,8 @@ class Evaluator:
                 df = _join(df, self.atom(item.atom), item.null_safe)
             elif isinstance(item, GroupBy):
                 df = _join(df, self.groupby(item), False)
+            elif isinstance(item, SetOf):
+                df = _join(df, self.setof(item), False)
         if df is None:  # a rule of conditions only: one empty tuple
             df = self._unit()
         pending = [i for i in rule.body if isinstance(i, Assign)]
