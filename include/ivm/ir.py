@@ -163,7 +163,26 @@ class SetOf:
         return f"setof({elems}, {self.atom}, {self.result})"
 
 
-BodyItem = Literal | Condition | Assign | GroupBy | SetOf
+@dataclass(frozen=True)
+class Unnest:
+    """The extraction function of 002 §2.2 for a nested collection held by value: one derivation per
+    element of the array ``array`` (``explode``), or per element's fields (``inline``, arrays of structs).
+    ``outer`` keeps a row whose array is empty or NULL, with NULL elements (LATERAL VIEW OUTER)."""
+
+    array: Expr
+    elements: tuple[Var, ...]
+    kind: str = "explode"  # explode | inline
+    outer: bool = False
+
+    def variables(self) -> set[str]:
+        return {v.name for v in self.elements}
+
+    def __str__(self) -> str:
+        names = ", ".join(map(str, self.elements))
+        return f"{self.kind}{'_outer' if self.outer else ''}({self.array}) AS ({names})"
+
+
+BodyItem = Literal | Condition | Assign | GroupBy | SetOf | Unnest
 
 
 @dataclass(frozen=True)

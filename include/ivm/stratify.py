@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ivm.errors import ConfigError
-from ivm.ir import Assign, Condition, Expr, GroupBy, Literal, Program, Rule, SetOf, Var
+from ivm.ir import Assign, Condition, Expr, GroupBy, Literal, Program, Rule, SetOf, Unnest, Var
 
 
 @dataclass(frozen=True)
@@ -61,12 +61,13 @@ def check_safety(program: Program, rule: Rule) -> None:
         elif isinstance(item, GroupBy | SetOf):
             bound |= item.variables()
     changed = True
-    assigns = [i for i in rule.body if isinstance(i, Assign)]
-    while changed:  # an assignment binds its variable once its expression's variables are bound
+    binders = [i for i in rule.body if isinstance(i, Assign | Unnest)]
+    while changed:  # an assignment or unnest binds its variables once its expression's are bound
         changed = False
-        for a in assigns:
-            if a.var.name not in bound and a.expr.variables() <= bound:
-                bound.add(a.var.name)
+        for a in binders:
+            expr, new = (a.expr, {a.var.name}) if isinstance(a, Assign) else (a.array, a.variables())
+            if not new <= bound and expr.variables() <= bound:
+                bound |= new
                 changed = True
     view = _owner(program, rule.head.pred)
 
@@ -85,6 +86,8 @@ def check_safety(program: Program, rule: Rule) -> None:
             need(item.variables(), f"`{item}`")
         elif isinstance(item, Assign):
             need(item.expr.variables(), f"`{item}`")
+        elif isinstance(item, Unnest):
+            need(item.array.variables(), f"`{item}`")
 
 
 def stratify(program: Program) -> Strata:

@@ -10,8 +10,9 @@ operators compare NULLs as equal.
 
 Outer joins are the union of a matched rule and a NULL-padded rule whose negated atom finds no partner;
 NOT IN keeps SQL's NULL semantics with three negated atoms; WITH RECURSIVE gives a recursive predicate.
-Constructs not handled yet are refused at `ivm apply` with the construct named: INTERSECT ALL /
-EXCEPT ALL, explode / LATERAL VIEW, ORDER BY / LIMIT, non-equality correlation.
+LATERAL VIEW explode/inline is 002's extraction of a nested collection (an Unnest subgoal). Constructs not
+handled yet are refused at `ivm apply` with the construct named: INTERSECT ALL / EXCEPT ALL, generators in
+the SELECT list, ORDER BY / LIMIT, non-equality correlation.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from ivm.ir import (
     Predicate,
     Program,
     Rule,
+    Unnest,
     Var,
 )
 
@@ -184,8 +186,6 @@ class SqlCompiler:
         from_ = _arg(sel, "from")
         if from_ is None:
             raise self._fail("SELECT without FROM")
-        if sel.args.get("laterals"):
-            raise self._fail("LATERAL VIEW / explode")
         # one block per combination of matched / padded outer joins: each becomes one rule
         blocks = [_Block()]
         self._bind(from_.this.alias_or_name, self._source_predicate(from_.this), blocks[0])
@@ -202,6 +202,11 @@ class SqlCompiler:
                 where += on
             else:
                 blocks = self._outer_join(side, join.this, on, blocks)
+        for lateral in sel.args.get("laterals") or []:
+            for b in blocks:
+                self._lateral(lateral, b)
+        if any(p.find(exp.Explode, exp.Inline, exp.Posexplode) for p in sel.expressions):
+            raise self._fail("a generator in the SELECT list (write it as LATERAL VIEW explode(...) t AS x)")
         if sel.args.get("where") is not None:
             where += _conjuncts(sel.args["where"].this)
         for b in blocks:
@@ -221,6 +226,22 @@ class SqlCompiler:
             head = [self._term(p.unalias(), b) for p in sel.expressions]
             self._add_rule(Rule(Atom(target.name, tuple(head)), tuple(b.body)), b)
         return target
+
+    def _lateral(self, lateral: exp.Lateral, block: _Block) -> None:
+        """LATERAL VIEW [OUTER] explode(array) t AS x / inline(array of structs) t AS a, b: 002 §2.2's
+        extraction of a nested collection, one derivation per element."""
+        gen = lateral.this
+        kind = {exp.Explode: "explode", exp.Inline: "inline"}.get(type(gen))
+        if kind is None or not lateral.args.get("view"):
+            raise self._fail(f"the lateral {lateral.sql(dialect='spark')!r} (use LATERAL VIEW explode or inline)")
+        alias = lateral.args.get("alias")
+        names = [c.name for c in alias.columns] if alias is not None else []
+        if not names or (kind == "explode" and len(names) != 1):
+            raise ConfigError(f"views.{self.view}: LATERAL VIEW {kind} needs column aliases (... t AS x)")
+        variables = {n: self._fresh(f"{alias.name}_{n}") for n in names}
+        array = Expr(self._expression(gen.this, block))
+        block.scope[alias.name] = variables
+        block.body.append(Unnest(array, tuple(Var(variables[n]) for n in names), kind, bool(lateral.args.get("outer"))))
 
     def _add_rule(self, rule: Rule, block: _Block) -> None:
         resolved = _resolved(rule, block)
@@ -434,6 +455,10 @@ class SqlCompiler:
     def _expression(self, node: exp.Expression, block: _Block) -> exp.Expression:
         """A copy of ``node`` whose column references name this block's variables."""
         def swap(n: exp.Expression) -> exp.Expression:
+            if isinstance(n, exp.Column) and n.args.get("db") is not None:  # alias.element.field
+                base = block.scope.get(n.args["db"].name, {}).get(n.table)
+                if base is not None:
+                    return exp.Dot(this=exp.column(base, quoted=True), expression=exp.to_identifier(n.name))
             if isinstance(n, exp.Column):
                 v = self._var(n, block)
                 if v is None:
@@ -443,7 +468,7 @@ class SqlCompiler:
         return node.copy().transform(swap)
 
     def _term(self, node: exp.Expression, block: _Block) -> Var | Expr:
-        if isinstance(node, exp.Column):
+        if isinstance(node, exp.Column) and node.args.get("db") is None:
             v = self._var(node, block)
             if v is None:
                 raise ConfigError(f"views.{self.view}: column {node.sql(dialect='spark')} is not available here")
@@ -551,6 +576,9 @@ def _resolved(rule: Rule, block: _Block) -> Rule | None:
             body.append(Condition(tree(i.tree)))
         elif isinstance(i, Assign):
             body.append(Assign(Var(block.find(i.var.name)), term(i.expr)))
+        elif isinstance(i, Unnest):
+            body.append(Unnest(Expr(tree(i.array.tree)), tuple(Var(block.find(v.name)) for v in i.elements),
+                               i.kind, i.outer))
         else:
             body.append(i)
     return Rule(Atom(rule.head.pred, tuple(term(a) for a in rule.head.args)), tuple(body))

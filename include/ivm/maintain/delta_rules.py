@@ -17,7 +17,20 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
-from ivm.ir import Assign, Condition, Const, Expr, GroupBy, Literal, Program, Rule, SetOf, Var, Wildcard
+from ivm.ir import (
+    Assign,
+    Condition,
+    Const,
+    Expr,
+    GroupBy,
+    Literal,
+    Program,
+    Rule,
+    SetOf,
+    Unnest,
+    Var,
+    Wildcard,
+)
 
 OLD, NEW, DELTA = "old", "new", "delta"
 
@@ -134,9 +147,17 @@ def rule_sql(program: Program, rule: Rule, states: tuple[str | None, ...] | None
             for v in item.group():
                 binding[v.name] = col(alias, names[v.name])
             binding[item.result.name] = col(alias, item.result.name)
+    laterals = []
     for item in rule.body:
         if isinstance(item, Assign):
             binding[item.var.name] = exp.Paren(this=exp.maybe_parse(render(item.expr.tree), dialect="spark"))
+        elif isinstance(item, Unnest):
+            alias = f"u{len(laterals) + 1}"
+            names = [f"e{i + 1}" for i in range(len(item.elements))]
+            laterals.append(f"LATERAL VIEW {'OUTER ' if item.outer else ''}{item.kind}({render(item.array.tree)}) "
+                            f"{alias} AS {', '.join(names)}")
+            for v, nm in zip(item.elements, names, strict=True):
+                binding[v.name] = col(alias, nm)
     for item, state in zip(rule.body, states, strict=True):
         if isinstance(item, Condition):
             where.append(render(item.tree))
@@ -162,6 +183,8 @@ def rule_sql(program: Program, rule: Rule, states: tuple[str | None, ...] | None
             select.append(f"NULL AS {c}")
     select.append(f"{' * '.join(counts) or '1'} AS __count")
     text = f"SELECT {', '.join(select)}\nFROM {', '.join(froms) or '(SELECT 1)'}"
+    for lateral in laterals:
+        text += f"\n  {lateral}"
     if where:
         text += "\nWHERE " + "\n  AND ".join(where)
     return text

@@ -31,6 +31,7 @@ from ivm.ir import (
     Program,
     Rule,
     SetOf,
+    Unnest,
     Var,
     Wildcard,
 )
@@ -130,13 +131,14 @@ class Evaluator:
                 df = _join(df, self.setof(item), False)
         if df is None:  # a rule of conditions only: one empty tuple
             df = self._unit()
-        pending = [i for i in rule.body if isinstance(i, Assign)]
-        while pending:  # assignments in dependency order
-            ready = [a for a in pending if a.expr.variables() <= set(df.columns)]
+        pending = [i for i in rule.body if isinstance(i, Assign | Unnest)]
+        while pending:  # assignments and unnests in dependency order
+            ready = [a for a in pending if (a.expr if isinstance(a, Assign) else a.array).variables()
+                     <= set(df.columns)]
             if not ready:
                 raise ConfigError(f"rule `{rule}`: assignments depend on each other")
             for a in ready:
-                df = df.withColumn(a.var.name, F.expr(str(a.expr)))
+                df = df.withColumn(a.var.name, F.expr(str(a.expr))) if isinstance(a, Assign) else _unnest(df, a)
                 pending.remove(a)
         for item in rule.body:
             if isinstance(item, Condition):
@@ -151,6 +153,13 @@ class Evaluator:
     def _unit(self) -> DataFrame:
         any_rel = next(iter(self.relations.values()))
         return any_rel.sparkSession.range(1).select(F.lit(1).cast("long").alias(C))
+
+
+def _unnest(df: DataFrame, u: Unnest) -> DataFrame:
+    """002 §2.2's extraction: one row per element, the row's count kept (each element a derivation)."""
+    generator = f"{u.kind}{'_outer' if u.outer else ''}({u.array})"
+    names = ", ".join(_q(v.name) for v in u.elements)
+    return df.selectExpr("*", f"{generator} AS ({names})")
 
 
 def _head_column(arg, name: str):
