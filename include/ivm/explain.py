@@ -15,6 +15,7 @@ from ivm.analysis import analyse
 from ivm.config import ProjectConfig
 from ivm.ir import Program
 from ivm.maintain.delta_rules import delta_rules
+from ivm.maintain.keyed import derived_rules
 from ivm.stratify import Strata
 
 
@@ -36,6 +37,8 @@ class Explanation:
     key_based: dict
     #: 000 Definition 4.1's delta rules of every rule, in Datalog form and as SQL
     delta_rules: list[dict]
+    #: 003 §5.4's insert/delete/rematerialize rules, where key-based maintenance applies
+    key_based_rules: list[dict]
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -64,6 +67,11 @@ class Explanation:
             table = tabulate([[r["table"], r["operation"], r["decision"], r["reason"]] for r in kb["operations"]],
                              headers=["table", "operation", "key-based", "why"], tablefmt="simple")
             lines += ["  " + line for line in table.splitlines()]
+        if self.key_based_rules:
+            lines.append("key-based rules (003 §5.4):")
+            for r in self.key_based_rules:
+                lines.append(f"  {r['name']} (when {r['when']}):")
+                lines += ["      " + line for line in r["sql"].splitlines()]
         lines.append("delta rules (000 Definition 4.1; ᵛ is the new state, unmarked subgoals the old one):")
         for d in self.delta_rules:
             lines.append(f"  {d['rule']}")
@@ -96,6 +104,7 @@ def explain(program: Program, strata: Strata, config: ProjectConfig, view: str) 
         key_based=_key_based(program, view),
         delta_rules=[{"rule": str(d), "sql": d.sql(program)}
                      for p in rule_preds for r in program.rules_for(p) for d in delta_rules(r)],
+        key_based_rules=[{"name": r.name, "when": r.when, "sql": r.sql} for r in derived_rules(program, view)],
     )
 
 

@@ -96,6 +96,19 @@ class Project:
             return list(table.key or table.columns)
         return [f.name for f in self.schema(relation).fields]
 
+    def _check_types(self) -> None:
+        """Let Spark analyse every view's plan over empty tables: a type mismatch (comparing a string
+        with an array, summing a struct) is refused at apply, naming the view; no Spark job runs."""
+        if not self.config.views:
+            return
+        from pyspark.errors import AnalysisException
+
+        for view in self.config.views:
+            try:
+                self.schema(view)
+            except AnalysisException as e:
+                raise ConfigError(f"views.{view}: Spark cannot evaluate it: {e.getMessage().splitlines()[0]}") from e
+
     def apply(self) -> list[str]:
         """`ivm apply`: record the project's tables and views in the catalog.
 
@@ -109,6 +122,7 @@ class Project:
                 owner = program.predicates[component.predicates[0]].owner or component.predicates[0]
                 raise ConfigError(f"views.{owner}: {', '.join(component.predicates)} is recursive; recursive views "
                                   "are not maintained yet (evaluation and DRed, 000 §7, arrive with their issue)")
+        self._check_types()
         applied = self.catalog.table_defs()
         for name, table in self.config.tables.items():
             old = applied.get(name)

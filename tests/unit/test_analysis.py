@@ -92,3 +92,21 @@ def test_union_is_analysed_per_select_expression():
 def test_aggregate_views_are_outside_003(view):
     a = analyse(PROGRAM, view)
     assert not a.applicable and "aggregates" in a.reason
+
+
+def test_003_rules_for_special_meals_and_ff_res():
+    from ivm.maintain.keyed import derived_rules
+
+    rules = {r.name: r for r in derived_rules(PROGRAM, "special_meals")}
+    assert set(rules) == {"ins-res-special_meals", "del-res-special_meals", "ins-psgr-special_meals",
+                          "del-psgr-special_meals"}
+    ins = rules["ins-res-special_meals"].sql
+    assert "FROM res__inserted AS t1, psgr AS t2" in ins
+    assert ins.endswith("AND (seat, meal) NOT IN (SELECT seat, meal FROM inserted_special_meals)")
+    assert "FROM res__deleted AS t1, psgr__old AS t2" in rules["del-res-special_meals"].sql
+    ff = {r.name: r for r in derived_rules(PROGRAM, "ff_res_distinct")}
+    # res is unsafe: its inserts check the whole view, its deletes and updates rematerialize (003 §5.5)
+    assert ff["ins-res-ff_res_distinct"].sql.endswith("(ffn) NOT IN (SELECT ffn FROM ff_res_distinct)")
+    assert ff["rematerialize-ff_res_distinct"].when == "deleted from res, updated res"
+    assert "del-res-ff_res_distinct" not in ff
+    assert derived_rules(PROGRAM, "ff_res") == []  # duplicates: the strategy does not apply

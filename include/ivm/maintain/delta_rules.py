@@ -74,13 +74,15 @@ def delta_rules(rule: Rule) -> list[DeltaRule]:
     return out
 
 
-def rule_sql(program: Program, rule: Rule, states: tuple[str | None, ...] | None = None) -> str:
-    """A rule as a SELECT over its subgoals' relations, counts multiplied (000 §3)."""
+def rule_sql(program: Program, rule: Rule, states: tuple[str | None, ...] | None = None,
+             counts: bool = True) -> str:
+    """A rule as a SELECT over its subgoals' relations, counts multiplied (000 §3); without the count
+    column for set-semantics rules (003)."""
     states = states or tuple(None for _ in rule.body)
     binding: dict[str, exp.Expression] = {}
     froms: list[str] = []
     where: list[str] = []
-    counts: list[str] = []
+    count_terms: list[str] = []
 
     def rel(pred: str, state: str | None) -> str:
         return pred if state is None else f"{pred}__{state}"
@@ -117,7 +119,7 @@ def rule_sql(program: Program, rule: Rule, states: tuple[str | None, ...] | None
             else:
                 froms.append(f"{rel(item.atom.pred, state)} AS {alias}")
             bind_atom(alias, program.predicates[item.atom.pred].columns, item.atom.args)
-            counts.append(f"{alias}.__count")
+            count_terms.append(f"{alias}.__count")
         elif isinstance(item, GroupBy):
             n += 1
             alias = f"g{n}"
@@ -181,7 +183,8 @@ def rule_sql(program: Program, rule: Rule, states: tuple[str | None, ...] | None
             select.append(f"{render(a.tree)} AS {c}")
         elif isinstance(a, Wildcard):
             select.append(f"NULL AS {c}")
-    select.append(f"{' * '.join(counts) or '1'} AS __count")
+    if counts:
+        select.append(f"{' * '.join(count_terms) or '1'} AS __count")
     text = f"SELECT {', '.join(select)}\nFROM {', '.join(froms) or '(SELECT 1)'}"
     for lateral in laterals:
         text += f"\n  {lateral}"
