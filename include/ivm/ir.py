@@ -116,10 +116,18 @@ class Aggregate:
     func: str
     arg: Expr | None
     distinct: bool = False
+    #: further constant arguments, as Spark SQL text (the fraction of percentile)
+    params: tuple[str, ...] = ()
+
+    def call(self) -> str:
+        """The aggregate as a Spark SQL call over its argument."""
+        inner = "*" if self.arg is None else ("DISTINCT " if self.distinct else "") + str(self.arg)
+        text = f"{self.func}({', '.join([inner, *self.params])})"
+        # a set has no order: collect_set's array is sorted so equal sets are equal values
+        return f"array_sort({text})" if self.func == "collect_set" else text
 
     def __str__(self) -> str:
-        inner = "*" if self.arg is None else ("DISTINCT " if self.distinct else "") + str(self.arg)
-        return f"{self.var} = {self.func}({inner})"
+        return f"{self.var} = {self.call()}"
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,8 @@ AGGREGATES: dict[type, str] = {
     exp.Count: "count", exp.Sum: "sum", exp.Avg: "avg", exp.Min: "min", exp.Max: "max",
     exp.Variance: "var_samp", exp.VariancePop: "var_pop", exp.Stddev: "stddev_samp",
     exp.StddevSamp: "stddev_samp", exp.StddevPop: "stddev_pop", exp.Median: "median",
+    exp.Quantile: "percentile", exp.ApproxQuantile: "percentile_approx", exp.Mode: "mode",
+    exp.ArrayUniqueAgg: "collect_set",
 }
 
 
@@ -501,8 +503,10 @@ class SqlCompiler:
                 args.append(arg)
                 arg_vars.append(arg_var)
             out = Var(self._fresh(AGGREGATES[type(agg)]))
+            params = tuple(agg.args[k].sql(dialect="spark") for k in ("quantile", "accuracy") if agg.args.get(k))
             aggregates.append(Aggregate(out, AGGREGATES[type(agg)],
-                                        Expr(exp.column(arg_var.name, quoted=True)) if arg_var else None, distinct))
+                                        Expr(exp.column(arg_var.name, quoted=True)) if arg_var else None, distinct,
+                                        params))
             replace[text] = out.name
         inputs = self._aux([v.name for v in [*by, *arg_vars]], role="groupby")
         for b in blocks:

@@ -74,6 +74,13 @@ def delta_rules(rule: Rule) -> list[DeltaRule]:
     return out
 
 
+def render_call(a, names: dict[str, str]) -> str:
+    """An aggregate call with its argument variable named by the input relation's column."""
+    if a.arg is None:
+        return a.call()
+    return a.call().replace(f"`{next(iter(a.arg.variables()))}`", names[next(iter(a.arg.variables()))])
+
+
 def rule_sql(program: Program, rule: Rule, states: tuple[str | None, ...] | None = None,
              counts: bool = True) -> str:
     """A rule as a SELECT over its subgoals' relations, counts multiplied (000 §3); without the count
@@ -125,9 +132,7 @@ def rule_sql(program: Program, rule: Rule, states: tuple[str | None, ...] | None
             alias = f"g{n}"
             inner_cols = program.predicates[item.atom.pred].columns
             names = dict(zip((a.name for a in item.atom.args if isinstance(a, Var)), inner_cols, strict=False))
-            aggs = ", ".join(f"{a.func}({'DISTINCT ' if a.distinct else ''}"
-                             f"{names.get(next(iter(a.arg.variables())), '*') if a.arg else '*'}) AS {a.var.name}"
-                             for a in item.aggregates)
+            aggs = ", ".join(f"{render_call(a, names)} AS {a.var.name}" for a in item.aggregates)
             by = ", ".join(names[v.name] for v in item.by)
             froms.append(f"(SELECT {by + ', ' if by else ''}{aggs} FROM {rel(item.atom.pred, state)}"
                          f"{' GROUP BY ' + by if by else ''}) AS {alias}")

@@ -104,7 +104,7 @@ class Evaluator:
     def groupby(self, g: GroupBy) -> DataFrame:
         """000 §6.2: one tuple per group of the atom's bag, with the aggregates; count 1."""
         rows = expand(self.atom(g.atom))
-        aggs = [F.expr(_aggregate_sql(a)).alias(a.var.name) for a in g.aggregates]
+        aggs = [F.expr(a.call()).alias(a.var.name) for a in g.aggregates]
         grouped = rows.groupBy(*[F.col(_q(v.name)) for v in g.by]).agg(*aggs) if g.by else rows.agg(*aggs)
         return grouped.withColumn(C, F.lit(1).cast("long"))
 
@@ -170,11 +170,6 @@ def _head_column(arg, name: str):
     if isinstance(arg, Expr):
         return F.expr(str(arg)).alias(name)
     raise ConfigError(f"_ cannot appear in a rule head (column {name})")
-
-
-def _aggregate_sql(a) -> str:
-    inner = "*" if a.arg is None else ("DISTINCT " if a.distinct else "") + str(a.arg)
-    return f"{a.func}({inner})"
 
 
 def _join(left: DataFrame | None, right: DataFrame, null_safe: bool) -> DataFrame:
