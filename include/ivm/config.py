@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 from typing import Literal
 
+import sqlglot
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from sqlglot import exp
@@ -137,6 +138,34 @@ class TableConfig(_Model):
         return ", ".join(f"`{c}` {t}" for c, t in self.columns.items())
 
 
+class AggregateConfig(_Model):
+    """A user-defined aggregate: a Spark SQL expression over the array ``vals`` (runs in the JVM, no
+    Python), or a Python function ``module:function`` taking a list and returning a ``returns`` value."""
+
+    sql: str | None = None
+    python: str | None = None
+    returns: str | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> AggregateConfig:
+        if (self.sql is None) == (self.python is None):
+            raise ValueError("an aggregate needs exactly one of `sql` or `python`")
+        if self.sql is not None:
+            try:
+                tree = sqlglot.parse_one(self.sql, read="spark")
+            except ParseError as e:
+                raise ValueError(f"sql: not a Spark SQL expression: {str(e).splitlines()[0]}") from e
+            if "vals" not in {c.name for c in tree.find_all(exp.Column)}:
+                raise ValueError("sql: the expression must use the array `vals`")
+        else:
+            if ":" not in self.python:
+                raise ValueError("python: write module:function")
+            if self.returns is None:
+                raise ValueError("returns: a Python aggregate needs its Spark SQL result type")
+            spark_type(self.returns)
+        return self
+
+
 class ViewConfig(_Model):
     """A view: SQL or Datalog (inline text or a file path) and its per-view options."""
 
@@ -175,9 +204,10 @@ class ProjectConfig(_Model):
     storage: StorageSettings = Field(default_factory=StorageSettings)
     tables: dict[str, TableConfig] = Field(default_factory=dict)
     views: dict[str, ViewConfig] = Field(default_factory=dict)
+    aggregates: dict[str, AggregateConfig] = Field(default_factory=dict)
     root: str = "."
 
-    @field_validator("tables", "views")
+    @field_validator("tables", "views", "aggregates")
     @classmethod
     def _names(cls, items: dict) -> dict:
         for name in items:

@@ -20,6 +20,8 @@ from typing import Literal as Lit
 
 from sqlglot import exp
 
+VALUES_PLACEHOLDER = "ivm_aggregate_values"
+
 
 def _free_columns(tree: exp.Expression) -> set[str]:
     """Column references of an expression, less the parameters of its lambdas (``(a, x) -> a + x``)."""
@@ -118,9 +120,14 @@ class Aggregate:
     distinct: bool = False
     #: further constant arguments, as Spark SQL text (the fraction of percentile)
     params: tuple[str, ...] = ()
+    #: a user-defined SQL aggregate: its expression, with VALUES_PLACEHOLDER for the collected values
+    template: str | None = None
 
     def call(self) -> str:
         """The aggregate as a Spark SQL call over its argument."""
+        if self.template is not None:
+            collect = f"{'collect_set' if self.distinct else 'collect_list'}({self.arg})"
+            return self.template.replace(VALUES_PLACEHOLDER, collect)
         inner = "*" if self.arg is None else ("DISTINCT " if self.distinct else "") + str(self.arg)
         text = f"{self.func}({', '.join([inner, *self.params])})"
         # a set has no order: collect_set's array is sorted so equal sets are equal values

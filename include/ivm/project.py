@@ -11,6 +11,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
 from ivm import compaction, explain, gc, refresh
+from ivm.aggregates import register as register_aggregates
 from ivm.catalog import Catalog
 from ivm.catalog.models import Run
 from ivm.changes import ingest
@@ -46,7 +47,9 @@ class Project:
 
     @cached_property
     def spark(self):
-        return session(self.config.spark)
+        spark = session(self.config.spark)
+        register_aggregates(spark, self.config.aggregates)
+        return spark
 
     @cached_property
     def program(self) -> tuple[Program, Strata]:

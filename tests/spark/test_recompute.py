@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ivm.aggregates import register
 from ivm.config import parse_project
 from ivm.lang import compile_project
 from ivm.maintain.recompute import Evaluator, as_used
@@ -69,6 +70,9 @@ SQL_VIEWS = {
 DIALECT_VIEWS = {
     "v_percentile": ("SELECT b, percentile(a, 0.5) AS p, median(a) AS med FROM r GROUP BY b",
                      "SELECT b, quantile_cont(a, 0.5), median(a) FROM r GROUP BY b"),
+    # registered aggregates: a Spark SQL expression over the values, and a Python function of a list
+    "v_uda": ("SELECT b, spread(a) AS sp, pylen(a) AS n, spread(DISTINCT a) AS spd FROM r GROUP BY b",
+              "SELECT b, max(a) - min(a), count(a), max(a) - min(a) FROM r GROUP BY b"),
     "v_collect_set": ("SELECT b, collect_set(a) AS s FROM r GROUP BY b",
                       # Spark collects no values into an empty array, where SQL says NULL
                       "SELECT b, coalesce(list_sort(list(DISTINCT a) FILTER (WHERE a IS NOT NULL)), []::INTEGER[]) "
@@ -97,12 +101,19 @@ DATALOG_VIEWS = {
                    "SELECT DISTINCT src, min(cost), max(cost), sum(DISTINCT cost) FROM clink GROUP BY src, dst"),
     "yoda_wins": ("yoda_wins(N) :- setof((D, L), tournament(yoda, D, L), S), count(S, N).",
                   "SELECT count(*) FROM (SELECT DISTINCT defeated, location FROM tournament WHERE victor = 'yoda')"),
+    "cost_spread": ("cost_spread(S, W, N) :- setof(C, clink(S, D, C), X), spread(X, W), pylen(X, N).",
+                    "SELECT DISTINCT src, max(cost) - min(cost), count(DISTINCT cost) FROM clink GROUP BY src, dst"),
+    "cost_spread_g": ("cost_spread_g(S, D, W) :- groupby(clink(S, D, C), [S, D], W = spread(C)).",
+                      "SELECT DISTINCT src, dst, max(cost) - min(cost) FROM clink GROUP BY src, dst"),
     "reachable_pairs": ("reachable_pairs(X, Y) :- link(X, Y), X != Y.\nreachable_pairs(X, Y) :- hop(X, Y).",
                         "SELECT src, dst FROM link WHERE src <> dst UNION SELECT * FROM hop"),
 }
 
+AGGREGATES = {"spread": {"sql": "array_max(vals) - array_min(vals)"},
+              "pylen": {"python": "builtins:len", "returns": "bigint"}}
 PROJECT = parse_project({
     "tables": TABLES,
+    "aggregates": AGGREGATES,
     "views": {**{n: {"sql": q} for n, q in SQL_VIEWS.items()},
               **{n: {"sql": q} for n, (q, _) in DIALECT_VIEWS.items()},
               **{n: {"datalog": d} for n, (d, _) in DATALOG_VIEWS.items()}},
@@ -138,6 +149,7 @@ def rows(values) -> Counter:
 
 
 def spark_views(spark, data) -> dict[str, Counter]:
+    register(spark, PROJECT.aggregates)
     bases = {}
     for name, table in PROJECT.tables.items():
         df = spark.createDataFrame(data[name], table.ddl())

@@ -89,7 +89,7 @@ def compile_project(config: ProjectConfig) -> Program:
         if view.language == "sql":
             refs[name] = _sql_references(name, view.definition)
         else:
-            parsed[name] = parse_program(view.definition, name)
+            parsed[name] = parse_program(view.definition, name, config.aggregates)
             refs[name] = _datalog_references(parsed[name])
     order: list[str] = []
     state: dict[str, int] = {}
@@ -108,7 +108,7 @@ def compile_project(config: ProjectConfig) -> Program:
 
     for v in config.views:
         visit(v, [])
-    sql = SqlCompiler(program)
+    sql = SqlCompiler(program, config.aggregates)
     for v in order:
         if v in parsed:
             add_datalog_view(program, v, parsed[v])

@@ -26,6 +26,8 @@ from lark import Lark, Token, Transformer, v_args
 from lark.exceptions import LarkError, UnexpectedInput
 from sqlglot import exp
 
+from ivm.aggregates import aggregate as user_aggregate
+from ivm.aggregates import over_set
 from ivm.errors import ConfigError
 from ivm.ir import (
     Aggregate,
@@ -165,16 +167,27 @@ class _ToIR(Transformer):
         return list(rules)
 
 
-def _set_aggregate(atom: Atom, view: str) -> Assign:
-    """``count(S, W)`` over a setof result S: W = the aggregate of the set (001 §2)."""
+def _set_aggregate(atom: Atom, view: str, udas: dict) -> Assign:
+    """``count(S, W)`` over a setof result S: W = the aggregate of the set (001 §2); built-in or
+    registered in the project file."""
     if len(atom.args) != 2 or not isinstance(atom.args[1], Var):
         raise ConfigError(f"views.{view}: {atom}: an aggregate over a set takes the set and a result variable")
     s, w = atom.args
-    text = SET_AGGREGATES[atom.pred].format(s=f"`{s.name}`")
+    if atom.pred in udas:
+        text = over_set(atom.pred, udas[atom.pred], s.name)
+    else:
+        text = SET_AGGREGATES[atom.pred].format(s=f"`{s.name}`")
     return Assign(w, Expr(sqlglot.parse_one(text, read="spark")))
 
 
-def parse_program(text: str, view: str) -> list[Rule]:
+def _user_groupby(g: GroupBy, view: str, udas: dict) -> GroupBy:
+    """A groupby subgoal whose aggregates include registered ones."""
+    aggs = tuple(user_aggregate(a.func, udas[a.func], a.var, a.arg, a.distinct)
+                 if a.func in udas and a.arg is not None else a for a in g.aggregates)
+    return GroupBy(g.atom, g.by, aggs)
+
+
+def parse_program(text: str, view: str, aggregates: dict | None = None) -> list[Rule]:
     """Parse a view's Datalog program into rules. Errors name the view and the line."""
     try:
         parsed = _ToIR().transform(_PARSER.parse(text))
@@ -185,11 +198,13 @@ def parse_program(text: str, view: str) -> list[Rule]:
         raise ConfigError(f"views.{view}: Datalog syntax error at line {e.line}, column {e.column}: {what}") from e
     except (LarkError, ValueError) as e:
         raise ConfigError(f"views.{view}: {str(e).strip().splitlines()[-1]}") from e
+    udas = aggregates or {}
     rules = []
     for head, items in parsed:
         sets = {i.result.name for i in items if isinstance(i, SetOf)}
-        items = [_set_aggregate(i, view) if isinstance(i, Atom) and i.pred in SET_AGGREGATES and i.args
-                 and isinstance(i.args[0], Var) and i.args[0].name in sets else i for i in items]
+        items = [_set_aggregate(i, view, udas) if isinstance(i, Atom) and (i.pred in SET_AGGREGATES or i.pred in udas)
+                 and i.args and isinstance(i.args[0], Var) and i.args[0].name in sets else i for i in items]
+        items = [_user_groupby(i, view, udas) if isinstance(i, GroupBy) else i for i in items]
         bound: set[str] = set()
         for item in items:
             if isinstance(item, Literal) and not item.negated:

@@ -25,6 +25,7 @@ from sqlglot import exp
 from sqlglot.errors import OptimizeError, ParseError
 from sqlglot.optimizer.qualify import qualify
 
+from ivm.aggregates import aggregate as user_aggregate
 from ivm.errors import ConfigError
 from ivm.ir import (
     Aggregate,
@@ -86,8 +87,9 @@ class _Block:
 class SqlCompiler:
     """Compiles the SQL views of a project into one program, view by view (views may read views)."""
 
-    def __init__(self, program: Program):
+    def __init__(self, program: Program, aggregates: dict | None = None):
         self.program = program
+        self.udas = {k.lower(): (k, v) for k, v in (aggregates or {}).items()}
         self.view = ""
         self._ctes: dict[str, str] = {}
         self._counter = 0
@@ -219,7 +221,7 @@ class SqlCompiler:
             raise ConfigError(f"views.{self.view}: duplicate output column names {columns}")
         semantics = "set" if sel.args.get("distinct") else "bag"
         aggregated = sel.args.get("group") is not None or sel.args.get("having") is not None or any(
-            p.find(*AGGREGATES) for p in sel.expressions)
+            list(self._aggregate_calls(p)) for p in sel.expressions)
         target = self._target(name, kind, columns, semantics, role)
         if aggregated:
             self._aggregate(sel, blocks, target)
@@ -244,6 +246,11 @@ class SqlCompiler:
         array = Expr(self._expression(gen.this, block))
         block.scope[alias.name] = variables
         block.body.append(Unnest(array, tuple(Var(variables[n]) for n in names), kind, bool(lateral.args.get("outer"))))
+
+    def _aggregate_calls(self, node: exp.Expression):
+        """Built-in aggregate calls and calls of registered aggregates in an expression."""
+        yield from node.find_all(*AGGREGATES)
+        yield from _uda_calls(node, self.udas)
 
     def _add_rule(self, rule: Rule, block: _Block) -> None:
         resolved = _resolved(rule, block)
@@ -485,7 +492,7 @@ class SqlCompiler:
         having = sel.args.get("having")
         calls: dict[str, exp.Expression] = {}
         for node in nodes + ([having.this] if having is not None else []):
-            for agg in node.find_all(*AGGREGATES):
+            for agg in self._aggregate_calls(node):
                 calls.setdefault(agg.sql(dialect="spark"), agg)
         replace: dict[str, str] = {}  # SQL text of a group expression or aggregate call -> variable
         by = [Var(self._fresh("g")) for _ in group_nodes]
@@ -495,13 +502,23 @@ class SqlCompiler:
         aggregates: list[Aggregate] = []
         arg_vars: list[Var] = []
         for text, agg in calls.items():
-            distinct = isinstance(agg.this, exp.Distinct)
-            arg = agg.this.expressions[0] if distinct else agg.this
+            uda = self.udas.get(agg.name.lower()) if isinstance(agg, exp.Anonymous) else None
+            first = (agg.expressions[0] if agg.expressions else None) if uda else agg.this
+            distinct = isinstance(first, exp.Distinct)
+            arg = first.expressions[0] if distinct else first
             arg_var = None
             if arg is not None and not isinstance(arg, exp.Star):
                 arg_var = Var(self._fresh("a"))
                 args.append(arg)
                 arg_vars.append(arg_var)
+            if uda:
+                out = Var(self._fresh(uda[0]))
+                if arg_var is None:
+                    raise ConfigError(f"views.{self.view}: {text} needs a column to aggregate")
+                aggregates.append(user_aggregate(uda[0], uda[1], out, Expr(exp.column(arg_var.name, quoted=True)),
+                                                 distinct))
+                replace[text] = out.name
+                continue
             out = Var(self._fresh(AGGREGATES[type(agg)]))
             params = tuple(agg.args[k].sql(dialect="spark") for k in ("quantile", "accuracy") if agg.args.get(k))
             aggregates.append(Aggregate(out, AGGREGATES[type(agg)],
@@ -519,7 +536,8 @@ class SqlCompiler:
                 return Var(replace[text])
             tree = node.copy().transform(
                 lambda n: exp.column(replace[n.sql(dialect="spark")], quoted=True)
-                if isinstance(n, (exp.Column, *AGGREGATES)) and n.sql(dialect="spark") in replace else n)
+                if isinstance(n, (exp.Column, exp.Anonymous, *AGGREGATES)) and n.sql(dialect="spark") in replace
+                else n)
             stray = [c for c in tree.find_all(exp.Column) if c.name not in set(replace.values())]
             if stray:
                 raise ConfigError(f"views.{self.view}: {stray[0].sql(dialect='spark')} must appear in GROUP BY "
@@ -531,6 +549,12 @@ class SqlCompiler:
             cond = rewrite(having.this)
             body.append(Condition(cond.tree if isinstance(cond, Expr) else exp.column(cond.name, quoted=True)))
         self.program.rules.append(Rule(Atom(target.name, tuple(rewrite(n) for n in nodes)), tuple(body)))
+
+
+def _uda_calls(node: exp.Expression, udas: dict):
+    for call in node.find_all(exp.Anonymous):
+        if call.name.lower() in udas:
+            yield call
 
 
 def _arg(node: exp.Expression, name: str):

@@ -1,0 +1,72 @@
+"""User-defined aggregates (DESIGN.md §5, 001 §2), registered in the project file:
+
+    aggregates:
+      spread:   {sql: "array_max(vals) - array_min(vals)"}              # Spark SQL over the array
+      geo_mean: {python: "mystats:geo_mean", returns: double}               # Python over a list
+
+A SQL aggregate is an expression over the array ``vals``: in a GROUP BY it receives the group's values
+(``collect_list``, or ``collect_set`` with DISTINCT), over a Datalog set the set itself; it runs in the
+JVM. A Python aggregate is a function of a list, applied the same way through a scalar UDF registered as
+``<name>__py`` (a pandas grouped-aggregate UDF cannot share a GROUP BY with other aggregates in Spark).
+NULLs are not collected.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import sqlglot
+from sqlglot import exp
+
+from ivm.config import AggregateConfig
+from ivm.errors import ConfigError
+from ivm.ir import VALUES_PLACEHOLDER, Aggregate, Expr, Var
+
+
+def aggregate(name: str, agg: AggregateConfig, out: Var, arg: Expr, distinct: bool) -> Aggregate:
+    """A call of a registered aggregate in a GROUP BY (SQL) or a groupby subgoal (Datalog): the
+    aggregate of the group's collected values."""
+    return Aggregate(out, name, arg, distinct, template=over_array(name, agg, VALUES_PLACEHOLDER))
+
+
+def over_set(name: str, agg: AggregateConfig, set_var: str) -> str:
+    """A registered aggregate applied to a set held in an array variable (001 §2)."""
+    return over_array(name, agg, f"`{set_var}`")
+
+
+def over_array(name: str, agg: AggregateConfig, array_sql: str) -> str:
+    if agg.sql is not None:
+        return sql_template(agg, array_sql)
+    return f"{name}__py({array_sql})"
+
+
+def sql_template(agg: AggregateConfig, array_sql: str) -> str:
+    """The aggregate's expression with ``vals`` replaced by ``array_sql``."""
+    tree = sqlglot.parse_one(agg.sql, read="spark")
+    array = sqlglot.parse_one(array_sql, read="spark")
+    return tree.transform(lambda n: array.copy() if isinstance(n, exp.Column) and n.name == "vals"
+                          else n).sql(dialect="spark")
+
+
+def load_function(name: str, agg: AggregateConfig):
+    module, _, attr = (agg.python or "").partition(":")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(f"aggregates.{name}.python: cannot load {agg.python!r}: {e}") from e
+
+
+def _over_list(fn):
+    def apply(values):
+        return None if values is None else fn([v for v in values if v is not None])
+    return apply
+
+
+def register(spark, aggregates: dict[str, AggregateConfig]) -> None:
+    """Register each Python aggregate as a scalar UDF ``<name>__py`` over the array of collected
+    values (SQL aggregates need nothing: they are Spark SQL already)."""
+    from pyspark.sql.functions import udf
+
+    for name, agg in aggregates.items():
+        if agg.python is not None:
+            spark.udf.register(f"{name}__py", udf(_over_list(load_function(name, agg)), agg.returns))
