@@ -165,6 +165,8 @@ def _analyse_nested(program: Program, lit: Literal, outer_bound: set[str], resul
         i_safe = all(isinstance(o, Const) or (isinstance(o, Var) and o.name in outer_bound) for o in lit.atom.args)
         context = "not exists" if lit.negated else "exists"
         for i, atom in enumerate(atoms):
+            if program.predicates[atom.pred].kind != "base":
+                continue  # the probe of outer bindings a theta-correlated subquery joins with
             ref = Reference(atom.pred, context)
             key = _keys_bound(program, atom.pred, atom.args, correlated, whole[i])
             keyed = f"the correlated bound columns include the key ({', '.join(key)})" if key else ""

@@ -12,7 +12,8 @@ Outer joins are the union of a matched rule and a NULL-padded rule whose negated
 NOT IN keeps SQL's NULL semantics with three negated atoms; WITH RECURSIVE gives a recursive predicate.
 LATERAL VIEW explode/inline is 002's extraction of a nested collection (an Unnest subgoal). Constructs not
 handled yet are refused at `ivm apply` with the construct named: INTERSECT ALL / EXCEPT ALL, generators in
-the SELECT list, ORDER BY / LIMIT, non-equality correlation.
+the SELECT list, ORDER BY / LIMIT, ALL subqueries. Correlated subqueries may compare outer and inner
+columns in any way; `op ANY (subquery)` is EXISTS with the comparison (003 §6.3).
 """
 
 from __future__ import annotations
@@ -377,34 +378,77 @@ class SqlCompiler:
         if isinstance(inner, exp.In) and inner.args.get("query") is not None:
             (self._not_in if negated else self._in)(inner, block)
             return
+        if isinstance(c, (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE)) and isinstance(c.expression, exp.Any):
+            self._any(c, block)
+            return
         if c.find(exp.Exists, exp.Subquery, exp.Select):
             raise self._fail(f"the subquery condition {c.sql(dialect='spark')!r}")
         block.body.append(Condition(self._expression(c, block)))
 
-    def _correlated(self, query: exp.Expression, block: _Block) -> tuple[Predicate, _Block]:
+    def _correlated(self, query: exp.Expression, block: _Block,
+                    extra: exp.Expression | None = None) -> tuple[exp.Select, _Block]:
+        """The subquery's sources and conditions in a block of its own. Correlation by ``outer = inner``
+        becomes a correlated column pair; any other condition on outer columns (``o.x > i.y``) is
+        evaluated against a probe predicate of the outer rule's bindings of those columns, whose columns
+        then correlate by equality — so every correlated subquery becomes a semi- or anti-join."""
         sel = query.this if isinstance(query, exp.Subquery) else query
         if not isinstance(sel, exp.Select):
             raise self._fail("a set operation inside EXISTS/IN")
         inner = _Block()
         for j in sel.args.get("joins") or []:
             if j.side:
-                raise self._fail(f"{j.side.upper()} JOIN")
+                raise self._fail(f"{j.side.upper()} JOIN inside a subquery")
         for source in [_arg(sel, "from").this] + [j.this for j in sel.args.get("joins") or []]:
             self._source(source, inner)
         conjuncts = [x for j in sel.args.get("joins") or [] if j.args.get("on") is not None
                      for x in _conjuncts(j.args["on"])]
         if sel.args.get("where") is not None:
             conjuncts += _conjuncts(sel.args["where"].this)
+        if extra is not None:
+            conjuncts.append(extra)
+        residual = []
         for c in conjuncts:
-            if any(self._var(col, inner) is None and self._var(col, block) is not None
-                   for col in c.find_all(exp.Column)) and not (
-                    isinstance(c, exp.EQ) and isinstance(c.this, exp.Column) and isinstance(c.expression, exp.Column)):
-                raise self._fail(f"the correlated condition {c.sql(dialect='spark')!r} (only column = column)")
-            self._conjunct(c, inner, block)
+            outer_refs = [col for col in c.find_all(exp.Column)
+                          if self._var(col, inner) is None and self._var(col, block) is not None]
+            simple = isinstance(c, exp.EQ) and isinstance(c.this, exp.Column) and isinstance(c.expression, exp.Column)
+            if outer_refs and not simple:
+                residual.append(c)
+            else:
+                self._conjunct(c, inner, block)
+        if residual:
+            self._probe(residual, inner, block)
         return sel, inner
 
-    def _exists(self, query: exp.Expression, block: _Block, negated: bool) -> None:
-        _, inner = self._correlated(query, block)
+    def _probe(self, residual: list[exp.Expression], inner: _Block, block: _Block) -> None:
+        outer_vars = list(dict.fromkeys(self._var(col, block) for c in residual for col in c.find_all(exp.Column)
+                                        if self._var(col, inner) is None and self._var(col, block) is not None))
+        probe = self._aux([f"k{i}" for i in range(len(outer_vars))], "set", "exists")
+        self._add_rule(Rule(Atom(probe.name, tuple(Var(v) for v in outer_vars)), tuple(block.body)), block)
+        mine = {v: self._fresh("probe") for v in outer_vars}
+        inner.body.append(Literal(Atom(probe.name, tuple(Var(mine[v]) for v in outer_vars))))
+
+        def swap(n: exp.Expression) -> exp.Expression:
+            if isinstance(n, exp.Column):
+                v = self._var(n, inner)
+                return exp.column(v if v is not None else mine[self._var(n, block)], quoted=True)
+            return n
+
+        for c in residual:
+            inner.body.append(Condition(c.copy().transform(swap)))
+        inner.correlations += [(v, mine[v]) for v in outer_vars]
+
+    def _any(self, c: exp.Expression, block: _Block) -> None:
+        """``x op ANY (SELECT y ...)`` is ``EXISTS (SELECT ... WHERE x op y)`` (003 §6.3)."""
+        query = c.expression.this
+        sel = query.this if isinstance(query, exp.Subquery) else query
+        if not isinstance(sel, exp.Select) or len(sel.expressions) != 1:
+            raise ConfigError(f"views.{self.view}: an ANY subquery must select one column")
+        extra = type(c)(this=c.this.copy(), expression=sel.expressions[0].unalias().copy())
+        self._exists(query, block, False, extra)
+
+    def _exists(self, query: exp.Expression, block: _Block, negated: bool,
+                extra: exp.Expression | None = None) -> None:
+        _, inner = self._correlated(query, block, extra)
         outer_vars = [o for o, _ in inner.correlations]
         pred = self._aux([f"k{i}" for i in range(len(outer_vars))], "set", "exists")
         head = Atom(pred.name, tuple(Var(i) for _, i in inner.correlations))
