@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from ivm.catalog.store import PublishChange, RelationState, StageRecord
 from ivm.config import StorageSettings
+from ivm.errors import one_line
 from ivm.storage import new_id
 from ivm.zset import consolidate
 
@@ -78,7 +79,7 @@ def compact(project: Project, relations: Iterable[str], force: bool = False,
             done.append(Compaction(state.name, len(state.layers), written.rows, seconds))
         catalog.publish(run_id, changes, {}, stages)
     except BaseException as e:
-        catalog.finish_run(run_id, "failed", str(e).splitlines()[0] if str(e) else type(e).__name__)
+        catalog.finish_run(run_id, "failed", one_line(e))
         raise
     for c in done:
         progress(f"compact: {c.relation}: {c.layers_before} layers -> 1 base layer of {c.rows} rows "

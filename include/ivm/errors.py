@@ -35,3 +35,9 @@ class CatalogError(IvmError):
     """The catalog database is unreachable or inconsistent."""
 
     exit_code = 5
+
+
+def one_line(error: BaseException) -> str:
+    """The first line of an error's message (what the catalog records for a failed run)."""
+    text = str(error)
+    return text.splitlines()[0] if text else type(error).__name__

@@ -17,7 +17,7 @@ from ivm.catalog.models import Run
 from ivm.changes import ingest
 from ivm.changes.reader import table_schema
 from ivm.config import ProjectConfig, TableConfig, load_project
-from ivm.errors import ConfigError, NotFoundError
+from ivm.errors import ConfigError, NotFoundError, one_line
 from ivm.ir import Program
 from ivm.lang import compile_project
 from ivm.maintain.recompute import Evaluator, as_used
@@ -158,7 +158,7 @@ class Project:
             return ingest.load_snapshot(self.spark, self.catalog, self.warehouse, table, cfg, path, run_id,
                                         self.config.storage.target_file_mb)
         except BaseException as e:
-            self.catalog.finish_run(run_id, "failed", str(e).splitlines()[0] if str(e) else type(e).__name__)
+            self.catalog.finish_run(run_id, "failed", one_line(e))
             raise
 
     def append(self, table: str, path: str, fmt: str = "cdf") -> ingest.AppendResult:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from ivm.catalog.store import PublishChange, StageRecord, aware
 from ivm.changes.ingest import read_log
 from ivm.changes.trim import trim
-from ivm.errors import ConfigError, NotFoundError
+from ivm.errors import ConfigError, NotFoundError, one_line
 from ivm.maintain.recompute import Evaluator
 from ivm.storage import WrittenLayer, new_id
 from ivm.zset import consolidate
@@ -171,6 +171,11 @@ def maintain_views(project: Project, run_id: str, p: Plan, progress: Progress) -
         return
     program, strata = project.program
     new_layers = {t.table: t.layer for t in p.tables if t.layer}
+    trimmed = {t.table for t in p.tables}
+    for work in p.views:  # changes that cancelled out leave the view as it is: only its watermarks move
+        if work.reason.startswith("inputs changed") and not (set(work.upstream) & trimmed) & set(new_layers):
+            work.mode, work.reason = "noop", "the net deltas of its inputs are empty"
+            progress(f"maintain: {work.view}: nothing to do, {work.reason}")
     bases = {}
     for name in project.config.tables:
         paths = [x.path for x in project.catalog.state(name).layers]
@@ -179,6 +184,8 @@ def maintain_views(project: Project, run_id: str, p: Plan, progress: Progress) -
         bases[name] = consolidate(project.warehouse.read_layers(project.spark, paths, project.schema(name)))
     evaluator = Evaluator(program, strata, bases)
     for work in p.views:
+        if work.mode == "noop":
+            continue
         started = time.perf_counter()
         zset = evaluator.relation(work.view)
         work.layer = project.warehouse.write_layer(zset, work.view, "base",
@@ -215,7 +222,7 @@ def refresh(project: Project, progress: Progress = lambda _: None, views: list[s
                      f"{item.log_rows} changes -> net delta of {item.delta_rows} rows ({item.seconds:.2f} s)")
         maintain_views(project, p.run_id, p, progress)
         changes = [PublishChange(t.table, versions[t.table], [t.layer]) for t in p.tables if t.layer]
-        changes += [PublishChange(v.view, versions[v.view], [v.layer], replace=True) for v in p.views]
+        changes += [PublishChange(v.view, versions[v.view], [v.layer], replace=True) for v in p.views if v.layer]
         watermarks = {(t.table, t.table): t.to_version for t in p.tables}
         watermarks |= {(v.view, t): p.snapshot[t] for v in p.views for t in v.upstream}
         stages = [StageRecord("trim", t.table, mode="incremental", rows_in=t.log_rows, delta_rows=t.delta_rows,
@@ -229,7 +236,7 @@ def refresh(project: Project, progress: Progress = lambda _: None, views: list[s
         progress(f"publish: {len(changes)} new versions and {len(watermarks)} watermarks at one snapshot "
                  f"({time.perf_counter() - t0:.2f} s)")
     except BaseException as e:
-        catalog.finish_run(p.run_id, "failed", str(e).splitlines()[0] if str(e) else type(e).__name__)
+        catalog.finish_run(p.run_id, "failed", one_line(e))
         raise
     result = RefreshResult(p.run_id, "succeeded", p.snapshot, p.tables, time.perf_counter() - started, p.views)
     result.compacted = [c.relation for c in project.compact([t.table for t in p.tables], progress=progress)]

@@ -81,6 +81,15 @@ def test_views_follow_the_base_tables(project, tmp_path):
     assert {(s.stage, s.relation, s.mode) for s in run.stages if s.stage == "maintain"} == {
         ("maintain", v, "full") for v in ["dead_end", "fan", "hop", "shop"]}
     assert project.refresh().status == "noop"
+    # changes that cancel out move the watermarks and leave the views' versions alone
+    versions = {v: project.catalog.state(v).version for v in VIEWS}
+    project.append("link", write(tmp_path / "c2.jsonl", [{"src": "x", "dst": "y", "_change_type": "insert"},
+                                                        {"src": "x", "dst": "y", "_change_type": "delete"}]))
+    third = project.refresh()
+    assert {v.mode for v in third.views} == {"noop"}
+    assert {v: project.catalog.state(v).version for v in VIEWS} == versions
+    assert project.catalog.watermarks()[("hop", "link")] == 2
+    assert_views_match(project)
 
 
 def test_bad_changes_leave_views_untouched(project, tmp_path):

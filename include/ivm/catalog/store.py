@@ -186,28 +186,18 @@ class Catalog:
         changes: list[str] = []
         now = utcnow()
         with self.session() as s:
-            for name, spec in tables.items():
-                row = s.get(TableDef, name)
-                if row is None:
-                    s.add(TableDef(name=name, created_at=now, updated_at=now, **spec))
-                    s.add(Relation(name=name, kind="table"))
-                    changes.append(f"created table {name}")
-                elif any(getattr(row, k) != v for k, v in spec.items()):
-                    for k, v in spec.items():
-                        setattr(row, k, v)
-                    row.updated_at = now
-                    changes.append(f"updated table {name}")
-            for name, spec in views.items():
-                row = s.get(ViewDef, name)
-                if row is None:
-                    s.add(ViewDef(name=name, created_at=now, updated_at=now, **spec))
-                    s.add(Relation(name=name, kind="view"))
-                    changes.append(f"created view {name}")
-                elif any(getattr(row, k) != v for k, v in spec.items()):
-                    for k, v in spec.items():
-                        setattr(row, k, v)
-                    row.updated_at = now
-                    changes.append(f"updated view {name}")
+            for model, kind, specs in ((TableDef, "table", tables), (ViewDef, "view", views)):
+                for name, spec in specs.items():
+                    row = s.get(model, name)
+                    if row is None:
+                        s.add(model(name=name, created_at=now, updated_at=now, **spec))
+                        s.add(Relation(name=name, kind=kind))
+                        changes.append(f"created {kind} {name}")
+                    elif any(getattr(row, k) != v for k, v in spec.items()):
+                        for k, v in spec.items():
+                            setattr(row, k, v)
+                        row.updated_at = now
+                        changes.append(f"updated {kind} {name}")
         return changes
 
     # -- relations and versions --------------------------------------------------------------------
