@@ -244,6 +244,3 @@ class Program:
 
     def rules_for(self, pred: str) -> list[Rule]:
         return [r for r in self.rules if r.head.pred == pred]
-
-    def derived(self) -> list[str]:
-        return [p for p, d in self.predicates.items() if d.kind != "base"]

@@ -24,7 +24,7 @@ from ivm.maintain.recompute import Evaluator, as_used
 from ivm.spark import session
 from ivm.storage import Warehouse, new_id
 from ivm.stratify import Strata, stratify
-from ivm.zset import consolidate, data_columns, expand
+from ivm.zset import consolidate, expand
 
 log = logging.getLogger(__name__)
 
@@ -229,9 +229,6 @@ class Project:
             self.read(name).createOrReplaceTempView(name)
             names.append(name)
         return names
-
-    def columns(self, name: str) -> list[str]:
-        return data_columns(self.read_zset(name))
 
 
 def _table_spec(t: TableConfig) -> dict:

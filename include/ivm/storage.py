@@ -2,7 +2,7 @@
 
     <warehouse>/log/<table>/<segment>.parquet      one directory per `ivm log append`
     <warehouse>/data/<relation>/<layer>/            one Parquet directory per layer
-    <warehouse>/staging/<run_id>/                   a run's intermediate results
+    <warehouse>/staging/<run_id>/                   a run's intermediate results (the Airflow stages); gc removes old ones
 
 Files are written under fresh names and only become part of a relation when the catalog records them
 (the commit point), so a crash between writing and committing leaves nothing half-visible; garbage
@@ -69,9 +69,6 @@ class Warehouse:
     def layer_path(self, relation: str, layer_id: str) -> str:
         return self.path("data", relation, layer_id)
 
-    def staging_path(self, run_id: str, *parts: str) -> str:
-        return self.path("staging", run_id, *parts)
-
     def _fs_path(self, path: str) -> str:
         """A warehouse path as pyarrow's file system names it."""
         assert path.startswith(self.uri), path
@@ -82,9 +79,6 @@ class Warehouse:
     def ensure(self) -> None:
         self.fs.create_dir(self._fs_path(self.path("data")), recursive=True)
         self.fs.create_dir(self._fs_path(self.path("log")), recursive=True)
-
-    def exists(self, path: str) -> bool:
-        return self.fs.get_file_info(self._fs_path(path)).type != pafs.FileType.NotFound
 
     def delete(self, path: str) -> None:
         info = self.fs.get_file_info(self._fs_path(path))

@@ -28,12 +28,6 @@ class Strata:
     stratum_of: dict[str, int]
     depends_on: dict[str, set[str]]
 
-    def by_stratum(self) -> dict[int, list[Component]]:
-        out: dict[int, list[Component]] = {}
-        for c in self.components:
-            out.setdefault(c.stratum, []).append(c)
-        return dict(sorted(out.items()))
-
     def upstream(self, pred: str) -> set[str]:
         """Every predicate ``pred`` depends on, directly or not."""
         seen: set[str] = set()

@@ -297,10 +297,6 @@ class Catalog:
             s.add(Run(id=run_id, kind=kind, status="running", mode=mode, snapshot=snapshot or {},
                       relations=list(relations)))
 
-    def record_stage(self, run_id: str, stage: StageRecord) -> None:
-        with self.session() as s:
-            s.add(RunStage(run_id=run_id, **stage.__dict__))
-
     def finish_run(self, run_id: str, status: str, error: str | None = None) -> None:
         with self.session() as s:
             run = s.get(Run, run_id)

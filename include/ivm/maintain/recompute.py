@@ -196,10 +196,3 @@ def _anti_join(left: DataFrame, right: DataFrame, null_safe: bool) -> DataFrame:
     cond = [(left[_q(c)].eqNullSafe(r[_q(f"__r_{c}")]) if null_safe else left[_q(c)] == r[_q(f"__r_{c}")])
             for c in shared]
     return left.join(r, reduce(lambda a, b: a & b, cond), "left_anti")
-
-
-def evaluate(program: Program, strata: Strata, bases: Mapping[str, DataFrame],
-             predicates: list[str]) -> dict[str, DataFrame]:
-    """Z-set plans of ``predicates`` over the consolidated base Z-sets ``bases``."""
-    ev = Evaluator(program, strata, bases)
-    return {p: ev.relation(p) for p in predicates}
