@@ -162,6 +162,9 @@ def test_same_file_twice_is_stored_once(project, tmp_path):
     assert again.duplicate_of == first.segment
     assert "already appended as segment" in again.describe()
     assert len(project.catalog.all_segments()) == 1
+    # the same content in another file is another transaction
+    copy = csv(tmp_path / "b.csv", "res_id,psgr_id,seat,_change_type\n1,2,1A,insert")
+    assert project.append("res", copy).segment.min_commit_version == 2
 
 
 def test_csv_cannot_hold_nested_columns(project, tmp_path):

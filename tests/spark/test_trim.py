@@ -19,7 +19,7 @@ from ivm.errors import ChangeDataError
 
 KEYED = TableConfig(columns={"k": "int", "v": "string"}, key=["k"])
 BAG = TableConfig(columns={"a": "int", "b": "string"})
-SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck), derandomize=False)
+SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
 
 keys = st.integers(0, 5)
 values = st.one_of(st.none(), st.sampled_from(["x", "y", "z"]))

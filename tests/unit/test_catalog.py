@@ -83,8 +83,9 @@ def test_segments_order_dedupe_and_late_commits(catalog):
     catalog.add_segment("t", "/l/1", "f1", "cdf", "h1", 1, 3, 10)
     catalog.add_segment("t", "/l/2", "f2", "cdf", "h2", 10, 10, 1)
     assert catalog.last_commit_version("t") == 10
-    assert catalog.segment_by_hash("t", "h1").max_commit_version == 3
-    assert catalog.segment_by_hash("u", "h1") is None
+    assert catalog.appended_segment("t", "f1", "h1").max_commit_version == 3
+    assert catalog.appended_segment("u", "f1", "h1") is None
+    assert catalog.appended_segment("t", "other-file", "h1") is None
     # a late commit may fill a gap nobody has absorbed ...
     catalog.add_segment("t", "/l/3", "f3", "cdf", "h3", 5, 6, 2)
     assert [s.path for s in catalog.segments("t", 0, 10)] == ["/l/1", "/l/3", "/l/2"]

@@ -122,7 +122,8 @@ class LogSegment(Base):
     """One append to a table's change log: a Parquet file of normalized changes."""
 
     __tablename__ = "ivm_log_segments"
-    __table_args__ = (UniqueConstraint("table_name", "content_hash", name="uq_segment_content"),)
+    #: the same file (path and content) is one segment however often it is appended
+    __table_args__ = (UniqueConstraint("table_name", "source", "content_hash", name="uq_segment_content"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     table_name: Mapped[str] = mapped_column(String(200), index=True)

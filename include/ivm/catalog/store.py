@@ -228,9 +228,10 @@ class Catalog:
             wm = s.get(Watermark, (table, table))
             return int(wm.commit_version) if wm else 0
 
-    def segment_by_hash(self, table: str, content_hash: str) -> SegmentRef | None:
+    def appended_segment(self, table: str, source: str, content_hash: str) -> SegmentRef | None:
+        """The segment an earlier append of this very file (path and content) created, if any."""
         with self.session() as s:
-            seg = s.scalar(select(LogSegment).where(LogSegment.table_name == table,
+            seg = s.scalar(select(LogSegment).where(LogSegment.table_name == table, LogSegment.source == source,
                                                     LogSegment.content_hash == content_hash))
             return _segment_ref(seg) if seg else None
 
@@ -241,8 +242,8 @@ class Catalog:
         Commit versions normally come after the log's last one. A late commit (out-of-order delivery,
         or the missing change a refused refresh asked for) may fill a gap below it, provided no
         relation has absorbed that far, no segment holds versions in its range, and no run is
-        refreshing the table. The (table, content hash) constraint makes appending the same file
-        twice a no-op even when two appends race.
+        refreshing the table. The (table, source, content hash) constraint makes appending the same
+        file twice a no-op even when two appends race.
         """
         with self.session() as s:
             newest = s.scalar(select(func.max(LogSegment.max_commit_version))

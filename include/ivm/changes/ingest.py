@@ -3,7 +3,7 @@
 Both read the file with Spark, check every row (one job), and only then write: a bad file stores
 nothing. A log append becomes one immutable Parquet segment under ``log/<table>/``; the catalog row
 that records it is the commit. The same file appended twice is recognised by its content hash and
-applied once.
+applied once (same path and content; a file with explicit commit versions cannot apply twice anyway).
 """
 
 from __future__ import annotations
@@ -85,10 +85,14 @@ def append_log(spark: SparkSession, catalog: Catalog, warehouse: Warehouse, name
     """`ivm log append`: validate a change file and store it as the table's next log segment."""
     if fmt not in LOG_FORMATS:
         raise ChangeDataError(f"unknown change format {fmt!r}; use one of {', '.join(LOG_FORMATS)}")
-    digest = content_hash(path) if "://" in path or Path(path).exists() else ""
-    if not digest:
-        raise ChangeDataError(f"file {path!r} not found")
-    earlier = catalog.segment_by_hash(name, digest)
+    if "://" not in path:
+        if not Path(path).exists():
+            raise ChangeDataError(f"file {path!r} not found")
+        path = str(Path(path).resolve())
+    # a retried append (same path, same content) applies once; another file with the same content is
+    # another transaction (a bag table may legitimately receive the same insert twice)
+    digest = content_hash(path)
+    earlier = catalog.appended_segment(name, path, digest)
     if earlier is not None:
         return AppendResult(name, None, 0, duplicate_of=earlier)
     changes = (read_cdf if fmt == "cdf" else read_debezium)(spark, name, table, path).cache()

@@ -51,7 +51,7 @@ def upgrade() -> None:
     sa.Column('rows', sa.BigInteger(), nullable=False),
     sa.Column('appended_at', sa.DateTime(timezone=True), nullable=False),
     sa.PrimaryKeyConstraint('id'),
-    sa.UniqueConstraint('table_name', 'content_hash', name='uq_segment_content')
+    sa.UniqueConstraint('table_name', 'source', 'content_hash', name='uq_segment_content')
     )
     with op.batch_alter_table('ivm_log_segments', schema=None) as batch_op:
         batch_op.create_index(batch_op.f('ix_ivm_log_segments_table_name'), ['table_name'], unique=False)
