@@ -28,6 +28,10 @@ VIEWS = {
                     "SELECT e.id, x.k.name, x.k.age FROM emp e, unnest(e.kids) AS x(k)"),
     "tags_outer": ("SELECT e.id, t FROM emp e LATERAL VIEW OUTER explode(e.tags) x AS t",
                    "SELECT e.id, x.t FROM emp e LEFT JOIN LATERAL (SELECT unnest(e.tags) AS t) x ON true"),
+    "tags_select": ("SELECT id, explode(tags) AS t FROM emp",
+                    "SELECT e.id, x.t FROM emp e, unnest(e.tags) AS x(t)"),
+    "tags_select_outer": ("SELECT id, explode_outer(tags) AS t FROM emp",
+                          "SELECT e.id, x.t FROM emp e LEFT JOIN LATERAL (SELECT unnest(e.tags) AS t) x ON true"),
     "per_name": ("SELECT x.k.name AS name, count(*) AS n, sum(x.k.age) AS total FROM emp e "
                  "LATERAL VIEW explode(e.kids) x AS k GROUP BY x.k.name",
                  "SELECT x.k.name, count(*), sum(x.k.age) FROM emp e, unnest(e.kids) AS x(k) GROUP BY x.k.name"),

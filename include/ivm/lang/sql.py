@@ -11,8 +11,8 @@ operators compare NULLs as equal.
 Outer joins are the union of a matched rule and a NULL-padded rule whose negated atom finds no partner;
 NOT IN keeps SQL's NULL semantics with three negated atoms; WITH RECURSIVE gives a recursive predicate.
 LATERAL VIEW explode/inline is 002's extraction of a nested collection (an Unnest subgoal). Constructs not
-handled yet are refused at `ivm apply` with the construct named: INTERSECT ALL / EXCEPT ALL, generators in
-the SELECT list, ORDER BY / LIMIT, ALL subqueries. Correlated subqueries may compare outer and inner
+handled yet are refused at `ivm apply` with the construct named: INTERSECT ALL / EXCEPT ALL, generators
+inside expressions, ORDER BY / LIMIT, ALL subqueries. Correlated subqueries may compare outer and inner
 columns in any way; `op ANY (subquery)` is EXISTS with the comparison (003 §6.3).
 """
 
@@ -210,8 +210,7 @@ class SqlCompiler:
         for lateral in sel.args.get("laterals") or []:
             for b in blocks:
                 self._lateral(lateral, b)
-        if any(p.find(exp.Explode, exp.Inline, exp.Posexplode) for p in sel.expressions):
-            raise self._fail("a generator in the SELECT list (write it as LATERAL VIEW explode(...) t AS x)")
+        sel = self._generators_as_laterals(sel, blocks)
         if sel.args.get("where") is not None:
             where += _conjuncts(sel.args["where"].this)
         for b in blocks:
@@ -231,6 +230,29 @@ class SqlCompiler:
             head = [self._term(p.unalias(), b) for p in sel.expressions]
             self._add_rule(Rule(Atom(target.name, tuple(head)), tuple(b.body)), b)
         return target
+
+    def _generators_as_laterals(self, sel: exp.Select, blocks: list[_Block]) -> exp.Select:
+        """``SELECT explode(xs) AS x`` is ``LATERAL VIEW explode(xs) g AS x`` with ``g.x`` selected."""
+        projections = []
+        for p in sel.expressions:
+            gen = p.unalias()
+            if isinstance(gen, exp.Explode | exp.ExplodeOuter):
+                name, table = p.alias_or_name, self._fresh("gen")
+                lateral = exp.Lateral(this=exp.Explode(this=gen.this.copy()), view=True,
+                                      outer=isinstance(gen, exp.ExplodeOuter),
+                                      alias=exp.TableAlias(this=exp.to_identifier(table),
+                                                           columns=[exp.to_identifier(name)]))
+                for b in blocks:
+                    self._lateral(lateral, b)
+                p = exp.alias_(exp.column(name, table=table), name)
+            elif p.find(exp.Explode, exp.Inline, exp.Posexplode):
+                raise self._fail(f"the generator {p.sql(dialect='spark')!r} inside an expression")
+            projections.append(p)
+        if projections == list(sel.expressions):
+            return sel
+        sel = sel.copy()
+        sel.set("expressions", projections)
+        return sel
 
     def _lateral(self, lateral: exp.Lateral, block: _Block) -> None:
         """LATERAL VIEW [OUTER] explode(array) t AS x / inline(array of structs) t AS a, b: 002 §2.2's
