@@ -58,6 +58,14 @@ class Project:
         program = compile_project(self.config)
         return program, stratify(program)
 
+    @cached_property
+    def _plans_over_empty_tables(self) -> Evaluator:
+        """Every view's plan over empty tables, built once: Spark analyses it for types and schemas."""
+        program, strata = self.program
+        empty = {t: self.spark.createDataFrame([], self.schema(t).add("__count", "long"))
+                 for t in self.config.tables}
+        return Evaluator(program, strata, empty)
+
     @property
     def lease_timeout(self) -> timedelta:
         return timedelta(minutes=self.config.storage.lease_timeout_minutes)
@@ -85,10 +93,7 @@ class Project:
         if relation in self.config.tables:
             return table_schema(self.config.tables[relation])
         if relation in self.config.views:
-            program, strata = self.program
-            empty = {t: self.spark.createDataFrame([], self.schema(t).add("__count", "long"))
-                     for t in self.config.tables}
-            plan = Evaluator(program, strata, empty).relation(relation)
+            plan = self._plans_over_empty_tables.relation(relation)
             return StructType([f for f in plan.schema.fields if f.name != "__count"])
         raise NotFoundError(f"unknown table or view {relation!r}")
 

@@ -59,6 +59,8 @@ class ViewWork:
     mode: str
     reason: str
     upstream: list[str]
+    #: the upstream tables whose logs changed in this run (empty when another reason applies)
+    changed_inputs: list[str] = field(default_factory=list)
     rows: int | None = None
     seconds: float = 0.0
     layer: WrittenLayer | None = None
@@ -111,7 +113,7 @@ def plan(project: Project, views: list[str] | None = None, mode: str = "auto") -
 
 def _plan_views(project: Project, p: Plan, wanted: list[str] | None, mode: str) -> list[ViewWork]:
     program, strata = project.program
-    names = [v for v in project.config.views]
+    names = list(project.config.views)
     if wanted:
         unknown = [v for v in wanted if v not in project.config.views]
         if unknown:
@@ -124,20 +126,22 @@ def _plan_views(project: Project, p: Plan, wanted: list[str] | None, mode: str) 
         upstream = sorted(u for u in strata.upstream(view) if program.predicates[u].kind == "base")
         state = project.catalog.state(view)
         d = defined.get(view)
+        inputs = sorted(changed & set(upstream))
+        changed_inputs: list[str] = []
         if mode == "full":
             reason = "--mode full"
         elif state.version_id is None:
             reason = "first materialization"
         elif d is not None and state.created_at is not None and aware(d.updated_at) > state.created_at:
             reason = "the definition changed"
-        elif changed & set(upstream):
-            reason = f"inputs changed: {', '.join(sorted(changed & set(upstream)))}"
+        elif inputs:
+            reason, changed_inputs = f"inputs changed: {', '.join(inputs)}", inputs
         else:
             continue
         if mode == "incremental":
             raise ConfigError(f"views.{view}: incremental maintenance is not available yet "
                               "(it arrives with the counting algorithm); use --mode full or auto")
-        work.append(ViewWork(view, strata.stratum_of[view], "full", reason, upstream))
+        work.append(ViewWork(view, strata.stratum_of[view], "full", reason, upstream, changed_inputs))
     return sorted(work, key=lambda w: (w.stratum, w.view))
 
 
@@ -171,9 +175,8 @@ def maintain_views(project: Project, run_id: str, p: Plan, progress: Progress) -
         return
     program, strata = project.program
     new_layers = {t.table: t.layer for t in p.tables if t.layer}
-    trimmed = {t.table for t in p.tables}
     for work in p.views:  # changes that cancelled out leave the view as it is: only its watermarks move
-        if work.reason.startswith("inputs changed") and not (set(work.upstream) & trimmed) & set(new_layers):
+        if work.changed_inputs and not set(work.changed_inputs) & set(new_layers):
             work.mode, work.reason = "noop", "the net deltas of its inputs are empty"
             progress(f"maintain: {work.view}: nothing to do, {work.reason}")
     bases = {}
