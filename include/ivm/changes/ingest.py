@@ -19,7 +19,7 @@ from pyspark.sql import functions as F
 
 from ivm.catalog import Catalog
 from ivm.catalog.store import PublishChange, SegmentRef, StageRecord
-from ivm.changes.reader import BAD, RAW, SEQ, describe_row, read_cdf, read_debezium, read_snapshot
+from ivm.changes.reader import BAD, RAW, SEQ, check_path, describe_row, read_cdf, read_debezium, read_snapshot
 from ivm.config import CHANGE_TYPE, COMMIT_VERSION, COUNT_COLUMN, TableConfig
 from ivm.errors import ChangeDataError
 from ivm.storage import Warehouse, new_id
@@ -85,9 +85,8 @@ def append_log(spark: SparkSession, catalog: Catalog, warehouse: Warehouse, name
     """`ivm log append`: validate a change file and store it as the table's next log segment."""
     if fmt not in LOG_FORMATS:
         raise ChangeDataError(f"unknown change format {fmt!r}; use one of {', '.join(LOG_FORMATS)}")
+    check_path(path)
     if "://" not in path:
-        if not Path(path).exists():
-            raise ChangeDataError(f"file {path!r} not found")
         path = str(Path(path).resolve())
     # a retried append (same path, same content) applies once; another file with the same content is
     # another transaction (a bag table may legitimately receive the same insert twice)

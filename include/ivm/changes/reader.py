@@ -50,7 +50,7 @@ def file_format(path: str) -> str:
                           "use .parquet, .csv or .json/.jsonl (JSON lines)")
 
 
-def _check_path(path: str) -> None:
+def check_path(path: str) -> None:
     if "://" not in path and not Path(path).exists():
         raise ChangeDataError(f"file {path!r} not found")
 
@@ -121,7 +121,7 @@ def _json_fields(df: DataFrame, name: str, table: TableConfig, source: Column, e
 
 def read_cdf(spark: SparkSession, name: str, table: TableConfig, path: str) -> DataFrame:
     """A native change file: table columns + ``_change_type`` + ``_commit_version`` (NULL if absent)."""
-    _check_path(path)
+    check_path(path)
     fmt = file_format(path)
     extra = {CHANGE_TYPE, COMMIT_VERSION}
     if fmt == "json":
@@ -172,7 +172,7 @@ def read_debezium(spark: SparkSession, name: str, table: TableConfig, path: str)
     """Debezium change events: c/r insert ``after``, d deletes ``before``, u gives ``before`` as the
     update preimage and ``after`` as the postimage (key changes included). Tombstones (empty or
     ``null`` lines) are skipped. The commit version is ``source.lsn``, else ``ts_ms``."""
-    _check_path(path)
+    check_path(path)
     text = _read_json_lines(spark, path).where(F.trim("value") != "null")
     # a tombstone is a null message, or a Kafka Connect wrapper whose payload is null
     wrapped = F.array_contains(F.coalesce(F.json_object_keys("value"), F.array()), "payload")
@@ -220,7 +220,7 @@ def read_debezium(spark: SparkSession, name: str, table: TableConfig, path: str)
 
 def read_snapshot(spark: SparkSession, name: str, table: TableConfig, path: str) -> DataFrame:
     """A snapshot file for `ivm load`: exactly the table's columns."""
-    _check_path(path)
+    check_path(path)
     fmt = file_format(path)
     if fmt == "json":
         text = _read_json_lines(spark, path)

@@ -322,35 +322,43 @@ class SqlCompiler:
         inner = _Block()
         self._bind(source.alias_or_name, pred, inner)
         for c in on:
-            cols = list(c.find_all(exp.Column))
-            if all(self._var(col, inner) for col in cols):
+            if all(self._var(col, inner) for col in c.find_all(exp.Column)):
                 self._conjunct(c, inner, None)  # a condition on the joined table alone
                 continue
-            if isinstance(c, exp.EQ) and isinstance(c.this, exp.Column) \
-                    and isinstance(c.expression, exp.Column):
-                self._conjunct(c, inner, left)
-                if inner.correlations and inner.correlations[-1][1] in {self._var(x, inner) for x in cols}:
-                    continue
+            pair = self._cross_equality(c, left, inner)
+            if pair is not None:
+                inner.correlations.append(pair)
+                continue
             raise self._fail(f"the {side} JOIN condition {c.sql(dialect='spark')!r} (use column = column "
                              "between the two sides, or conditions on the joined table alone)")
+        return self._semijoin(inner)
+
+    def _semijoin(self, inner: _Block) -> tuple[str, list[str]]:
+        """A set predicate of the inner block's correlated columns, and the outer variables they pair
+        with: what EXISTS and an outer join's partner test join with."""
         aux = self._aux([f"k{i}" for i in range(len(inner.correlations))], "set", "exists")
         self._add_rule(Rule(Atom(aux.name, tuple(Var(i) for _, i in inner.correlations)), tuple(inner.body)), inner)
         return aux.name, [o for o, _ in inner.correlations]
 
+    def _cross_equality(self, c: exp.Expression, left: _Block, right: _Block) -> tuple[str, str] | None:
+        """(left variable, right variable) if ``c`` is ``column = column`` across the two blocks."""
+        if not (isinstance(c, exp.EQ) and isinstance(c.this, exp.Column) and isinstance(c.expression, exp.Column)):
+            return None
+        for a, b in ((c.this, c.expression), (c.expression, c.this)):
+            lv, rv = self._var(a, left), self._var(b, right)
+            if lv and rv:
+                return lv, rv
+        return None
+
     def _equalities(self, on: list[exp.Expression], left: _Block, right: _Block, side: str) -> list[tuple[str, str]]:
         pairs = []
         for c in on:
-            if isinstance(c, exp.EQ) and isinstance(c.this, exp.Column) and isinstance(c.expression, exp.Column):
-                a, b = c.this, c.expression
-                if self._var(a, left) and self._var(b, right):
-                    pairs.append((self._var(a, left), self._var(b, right)))
-                    continue
-                if self._var(b, left) and self._var(a, right):
-                    pairs.append((self._var(b, left), self._var(a, right)))
-                    continue
-            raise self._fail(f"the {side} JOIN condition {c.sql(dialect='spark')!r} (only column = column "
-                             "between the two sides)")
-        return pairs  # type: ignore[return-value]
+            pair = self._cross_equality(c, left, right)
+            if pair is None:
+                raise self._fail(f"the {side} JOIN condition {c.sql(dialect='spark')!r} (only column = column "
+                                 "between the two sides)")
+            pairs.append(pair)
+        return pairs
 
     # -- FROM items and conditions -------------------------------------------------------------
 
@@ -471,11 +479,8 @@ class SqlCompiler:
     def _exists(self, query: exp.Expression, block: _Block, negated: bool,
                 extra: exp.Expression | None = None) -> None:
         _, inner = self._correlated(query, block, extra)
-        outer_vars = [o for o, _ in inner.correlations]
-        pred = self._aux([f"k{i}" for i in range(len(outer_vars))], "set", "exists")
-        head = Atom(pred.name, tuple(Var(i) for _, i in inner.correlations))
-        self._add_rule(Rule(head, tuple(inner.body)), inner)
-        block.body.append(Literal(Atom(pred.name, tuple(Var(o) for o in outer_vars)), negated=negated))
+        pred, outer_vars = self._semijoin(inner)
+        block.body.append(Literal(Atom(pred, tuple(Var(o) for o in outer_vars)), negated=negated))
 
     def _in(self, node: exp.In, block: _Block) -> None:
         sel, inner = self._correlated(node.args["query"], block)
