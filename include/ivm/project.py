@@ -20,6 +20,8 @@ from ivm.config import ProjectConfig, TableConfig, load_project
 from ivm.errors import ConfigError, NotFoundError, one_line
 from ivm.ir import Program
 from ivm.lang import compile_project
+from ivm.maintain import counting
+from ivm.maintain.groupby import GroupByState
 from ivm.maintain.recompute import Evaluator, as_used
 from ivm.spark import session
 from ivm.storage import Warehouse, new_id
@@ -66,6 +68,31 @@ class Project:
                  for t in self.config.tables}
         return Evaluator(program, strata, empty)
 
+    @cached_property
+    def groupby_states(self) -> dict[str, GroupByState]:
+        """The state relation of every GROUPBY subgoal (000 Algorithm 6.1), by name."""
+        program, _ = self.program
+        return counting.groupby_states(program, self._plans_over_empty_tables)
+
+    @cached_property
+    def _stored_schemas(self) -> dict[str, StructType]:
+        """Columns and types of the auxiliary relations views store: auxiliary predicates, GROUPBY
+        states and distinct-value counts (from the plans over empty tables; no Spark job runs)."""
+        program, _ = self.program
+        empty = self._plans_over_empty_tables
+        out: dict[str, StructType] = {}
+        for name, st in self.groupby_states.items():
+            rows = empty.atom(st.subgoal.atom)
+            out[name] = st.schema(rows)
+            for var in st.distinct_args():
+                out[st.distinct_name(var)] = StructType([rows.schema[c] for c in [*st.by, var]])
+        return out
+
+    def stored_relations(self, view: str) -> list[str]:
+        """Everything maintaining ``view`` stores: the view, its auxiliary predicates, GROUPBY states."""
+        program, strata = self.program
+        return counting.stored_relations(program, strata, self.groupby_states, view)
+
     @property
     def lease_timeout(self) -> timedelta:
         return timedelta(minutes=self.config.storage.lease_timeout_minutes)
@@ -92,9 +119,11 @@ class Project:
         (Spark analyses the plan, no job runs)."""
         if relation in self.config.tables:
             return table_schema(self.config.tables[relation])
-        if relation in self.config.views:
+        if relation in self.config.views or relation in self.program[0].predicates:
             plan = self._plans_over_empty_tables.relation(relation)
             return StructType([f for f in plan.schema.fields if f.name != "__count"])
+        if relation in self._stored_schemas:
+            return self._stored_schemas[relation]
         raise NotFoundError(f"unknown table or view {relation!r}")
 
     def cluster_columns(self, relation: str) -> list[str]:

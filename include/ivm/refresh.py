@@ -3,8 +3,9 @@
     plan      fix the snapshot (the newest commit version of every base table's log); pick the tables
               with changes past their watermark and the views whose inputs changed
     trim      per table, the net delta between its watermark and the snapshot, checked (002 §3)
-    maintain  per view, stratum by stratum: for now a full recompute from the new base snapshot
-              (ivm.maintain.recompute); the incremental algorithms replace it view by view
+    maintain  per view, stratum by stratum: the counting algorithm over the old states and the deltas
+              (ivm.maintain.counting), or a full recompute from the new snapshot (ivm.maintain.recompute)
+              where the view is new, its definition changed, or the mode says so
     publish   one catalog transaction: new layers, watermarks, the run's outcome (the commit point)
     compact   relations whose layers passed the threshold, as their own atomic step
 
@@ -24,6 +25,7 @@ from ivm.catalog.store import PublishChange, StageRecord, aware
 from ivm.changes.ingest import read_log
 from ivm.changes.trim import trim
 from ivm.errors import ConfigError, NotFoundError, one_line
+from ivm.maintain.counting import Counting, RunStates, materialize, view_predicates
 from ivm.maintain.recompute import Evaluator
 from ivm.storage import WrittenLayer, new_id
 from ivm.zset import consolidate
@@ -52,18 +54,24 @@ class TableDelta:
 
 @dataclass
 class ViewWork:
-    """What a refresh does to one view: its mode, why, and the layer it wrote."""
+    """What a refresh does to one view: its mode, why, and the layers it wrote."""
 
     view: str
     stratum: int
-    mode: str
+    mode: str  # incremental | full | noop
     reason: str
     upstream: list[str]
-    #: the upstream tables whose logs changed in this run (empty when another reason applies)
+    #: the upstream tables whose logs changed in this run
     changed_inputs: list[str] = field(default_factory=list)
+    #: rows of the input deltas the view's delta rules read (incremental), or of its inputs' deltas
+    delta_in: int = 0
+    #: rows of the view's own delta layer (incremental): tuples whose count changed
+    rows_changed: int | None = None
+    #: rows written: the delta layer (incremental) or the new base layer (full)
     rows: int | None = None
     seconds: float = 0.0
-    layer: WrittenLayer | None = None
+    #: every relation the view stores (itself, auxiliary predicates, GROUPBY states) -> its new layer
+    layers: dict[str, WrittenLayer] = field(default_factory=dict)
 
 
 @dataclass
@@ -84,13 +92,16 @@ class RefreshResult:
     views: list[ViewWork] = field(default_factory=list)
     compacted: list[str] = field(default_factory=list)
 
-    SUMMARY_HEADERS = ["relation", "mode", "commit versions", "rows in the delta", "rows written", "seconds"]
+    SUMMARY_HEADERS = ["relation", "mode", "commit versions", "rows in the delta", "rows changed", "rows written",
+                       "seconds"]
 
     def summary_rows(self) -> list[list[object]]:
+        """Tables: log rows in, net delta rows out. Views: input delta rows in, changed tuples out."""
         rows: list[list[object]] = [
-            [t.table, "incremental", f"{t.from_version + 1}..{t.to_version}", t.log_rows, t.delta_rows,
+            [t.table, "trim", f"{t.from_version + 1}..{t.to_version}", t.log_rows, t.delta_rows, t.delta_rows,
              f"{t.seconds:.2f}"] for t in self.tables]
-        rows += [[v.view, v.mode, "", "", v.rows, f"{v.seconds:.2f}"] for v in self.views]
+        rows += [[v.view, v.mode, "", v.delta_in, "" if v.rows_changed is None else v.rows_changed,
+                  "" if v.rows is None else v.rows, f"{v.seconds:.2f}"] for v in self.views]
         return rows
 
 
@@ -112,6 +123,16 @@ def plan(project: Project, views: list[str] | None = None, mode: str = "auto") -
 
 
 def _plan_views(project: Project, p: Plan, wanted: list[str] | None, mode: str) -> list[ViewWork]:
+    """Which views this run refreshes, and how (DESIGN.md §5's algorithm choice, per run):
+
+    * full recompute for ``--mode full`` or a view configured ``mode: full``, a first
+      materialization, a changed definition, a stored relation not materialized yet, or a view that
+      reads a view recomputed in full in this run (its delta would be the whole difference);
+    * otherwise incremental (the counting algorithm, 000 §4-6) when an input table changed. Counting
+      stores derivation counts and GROUPBY states, so every reference is maintainable under inserts,
+      deletes and updates alike: 003's safety conditions concern maintenance *without* counts
+      (``strategy: keyed``), not this one.
+    """
     program, strata = project.program
     names = list(project.config.views)
     if wanted:
@@ -121,28 +142,37 @@ def _plan_views(project: Project, p: Plan, wanted: list[str] | None, mode: str) 
         names = sorted({u for v in wanted for u in strata.upstream(v) if u in project.config.views} | set(wanted))
     changed = {t.table for t in p.tables}
     defined = project.catalog.view_defs()
-    work = []
-    for view in names:
+    work: list[ViewWork] = []
+    full: set[str] = set()
+    for view in sorted(names, key=lambda v: (strata.stratum_of[v], v)):
         upstream = sorted(u for u in strata.upstream(view) if program.predicates[u].kind == "base")
         state = project.catalog.state(view)
         d = defined.get(view)
+        configured = project.config.views[view].mode
         inputs = sorted(changed & set(upstream))
-        changed_inputs: list[str] = []
-        if mode == "full":
-            reason = "--mode full"
+        recomputed = sorted(full & strata.upstream(view))
+        missing = [r for r in project.stored_relations(view) if project.catalog.state(r).version_id is None]
+        reason = None
+        if mode == "full" or configured == "full":
+            reason = "--mode full" if mode == "full" else "the view is configured with mode: full"
         elif state.version_id is None:
             reason = "first materialization"
         elif d is not None and state.created_at is not None and aware(d.updated_at) > state.created_at:
             reason = "the definition changed"
+        elif missing:
+            reason = f"{missing[0]} is not materialized yet"
+        elif recomputed:
+            reason = f"reads {', '.join(recomputed)}, recomputed in this run"
+        if reason is not None:
+            if mode == "incremental" or configured == "incremental":
+                raise ConfigError(f"views.{view}: cannot be maintained incrementally in this run ({reason}); "
+                                  "use --mode auto or full")
+            full.add(view)
+            work.append(ViewWork(view, strata.stratum_of[view], "full", reason, upstream, inputs))
         elif inputs:
-            reason, changed_inputs = f"inputs changed: {', '.join(inputs)}", inputs
-        else:
-            continue
-        if mode == "incremental":
-            raise ConfigError(f"views.{view}: incremental maintenance is not available yet "
-                              "(it arrives with the counting algorithm); use --mode full or auto")
-        work.append(ViewWork(view, strata.stratum_of[view], "full", reason, upstream, changed_inputs))
-    return sorted(work, key=lambda w: (w.stratum, w.view))
+            work.append(ViewWork(view, strata.stratum_of[view], "incremental",
+                                 f"counting (000 §4-6): inputs changed: {', '.join(inputs)}", upstream, inputs))
+    return work
 
 
 def trim_table(project: Project, run_id: str, item: TableDelta) -> TableDelta:
@@ -169,34 +199,70 @@ def trim_table(project: Project, run_id: str, item: TableDelta) -> TableDelta:
 
 
 def maintain_views(project: Project, run_id: str, p: Plan, progress: Progress) -> None:
-    """Stage 3: the views, stratum by stratum, from the new base snapshot (the old layers plus this
-    run's delta layers, not yet published)."""
+    """Stage 3: the views, stratum by stratum. Incremental views run the counting algorithm over the
+    old states and this run's deltas; full views are recomputed from the new snapshot (the old layers
+    plus this run's delta layers, not yet published)."""
     if not p.views:
         return
     program, strata = project.program
-    new_layers = {t.table: t.layer for t in p.tables if t.layer}
-    for work in p.views:  # changes that cancelled out leave the view as it is: only its watermarks move
-        if work.changed_inputs and not set(work.changed_inputs) & set(new_layers):
-            work.mode, work.reason = "noop", "the net deltas of its inputs are empty"
-            progress(f"maintain: {work.view}: nothing to do, {work.reason}")
-    bases = {}
-    for name in project.config.tables:
-        paths = [x.path for x in project.catalog.state(name).layers]
-        if name in new_layers:
-            paths.append(new_layers[name].path)
-        bases[name] = consolidate(project.warehouse.read_layers(project.spark, paths, project.schema(name)))
-    evaluator = Evaluator(program, strata, bases)
+    written: dict[str, WrittenLayer] = {}
+
+    def write_delta(name: str, df) -> str | None:
+        layer = project.warehouse.write_layer(df, name, "delta", run_id=run_id)
+        if layer.rows == 0:  # nothing changed: no empty layer
+            project.warehouse.delete(layer.path)
+            return None
+        written[name] = layer
+        return layer.path
+
+    def stage(name: str, df) -> str | None:
+        path = project.warehouse.path("staging", run_id, name)
+        df.write.mode("overwrite").parquet(path)  # a retried stage overwrites its own output
+        rows, _ = project.warehouse.parquet_stats(path)
+        return path if rows else None
+
+    states = RunStates(read=lambda name, paths: project.warehouse.read_layers(project.spark, paths,
+                                                                              project.schema(name)),
+                       write_delta=write_delta, stage=stage)
+    relations = set(project.config.tables) | {r for w in p.views for r in project.stored_relations(w.view)} | {
+        u for w in p.views for u in strata.upstream(w.view) if program.predicates[u].kind == "view"}
+    for name in relations:
+        states.old_paths[name] = [x.path for x in project.catalog.state(name).layers]
+    counting = Counting(program, strata, states, project.groupby_states, project.schema)
+    for t in p.tables:
+        if t.layer:
+            states.delta_paths[t.table] = t.layer.path
+            counting.note_delta(t.table, states.delta(t.table))
+    full = Evaluator(program, strata, {})
     for work in p.views:
-        if work.mode == "noop":
-            continue
         started = time.perf_counter()
-        zset = evaluator.relation(work.view)
-        work.layer = project.warehouse.write_layer(zset, work.view, "base",
-                                                   cluster_by=program.predicates[work.view].columns, run_id=run_id)
-        work.rows = work.layer.rows
+        work.delta_in = sum(t.delta_rows for t in p.tables if t.table in work.changed_inputs)
+        if work.mode == "incremental" and not any(counting.changed(u) for u in strata.upstream(work.view)):
+            work.mode, work.reason = "noop", "the net deltas of its inputs are empty or cancel out"
+            progress(f"maintain: {work.view}: nothing to do, {work.reason}")
+            continue
+        if work.mode == "incremental":
+            for pred in view_predicates(program, strata, work.view):
+                counting.maintain(pred)
+            own = written.get(work.view)
+            work.rows_changed = work.rows = own.rows if own else 0
+            how = f"counting, {work.rows_changed} tuples changed"
+        else:
+            for name in {*strata.upstream(work.view)} - set(full.relations):
+                if program.predicates[name].kind != "aux":
+                    full.relations[name] = consolidate(states.new(name))
+            for name, df in materialize(full, project.groupby_states, work.view):
+                layer = project.warehouse.write_layer(df, name, "base", cluster_by=project.cluster_columns(name),
+                                                      run_id=run_id)
+                written[name] = layer
+                states.replaced[name] = layer.path
+                if name in program.predicates:  # the predicates above read what was written, not its lineage
+                    full.relations[name] = states.new(name)
+            work.rows = written[work.view].rows
+            how = f"full recompute ({work.reason}), {work.rows} rows"
+        work.layers = {r: written[r] for r in project.stored_relations(work.view) if r in written}
         work.seconds = time.perf_counter() - started
-        progress(f"maintain: {work.view} (stratum {work.stratum}): full recompute, {work.reason} -> "
-                 f"{work.rows} rows ({work.seconds:.2f} s)")
+        progress(f"maintain: {work.view} (stratum {work.stratum}): {how} ({work.seconds:.2f} s)")
 
 
 def refresh(project: Project, progress: Progress = lambda _: None, views: list[str] | None = None,
@@ -218,22 +284,27 @@ def refresh(project: Project, progress: Progress = lambda _: None, views: list[s
     catalog.start_run(p.run_id, "refresh", p.snapshot, names, mode=mode)
     catalog.acquire_leases(p.run_id, names, project.lease_timeout)
     try:
-        versions = {n: catalog.state(n).version_id for n in names}
+        stored = [r for v in p.views for r in project.stored_relations(v.view)]
+        versions = {n: catalog.state(n).version_id for n in [*names, *stored]}
         for item in p.tables:
             trim_table(project, p.run_id, item)
             progress(f"trim: {item.table}: commit versions {item.from_version + 1}..{item.to_version}, "
                      f"{item.log_rows} changes -> net delta of {item.delta_rows} rows ({item.seconds:.2f} s)")
         maintain_views(project, p.run_id, p, progress)
         changes = [PublishChange(t.table, versions[t.table], [t.layer]) for t in p.tables if t.layer]
-        changes += [PublishChange(v.view, versions[v.view], [v.layer], replace=True) for v in p.views if v.layer]
+        for v in p.views:
+            changes += [PublishChange(r, versions[r], [layer], replace=v.mode == "full", create=True)
+                        for r, layer in v.layers.items()]
         watermarks = {(t.table, t.table): t.to_version for t in p.tables}
         watermarks |= {(v.view, t): p.snapshot[t] for v in p.views for t in v.upstream}
         stages = [StageRecord("trim", t.table, mode="incremental", rows_in=t.log_rows, delta_rows=t.delta_rows,
                               seconds=round(t.seconds, 3),
                               detail={"from_version": t.from_version, "to_version": t.to_version})
                   for t in p.tables]
-        stages += [StageRecord("maintain", v.view, mode=v.mode, rows_out=v.rows, seconds=round(v.seconds, 3),
-                               detail={"stratum": v.stratum, "reason": v.reason}) for v in p.views]
+        stages += [StageRecord("maintain", v.view, mode=v.mode, rows_in=v.delta_in, rows_out=v.rows,
+                               delta_rows=v.rows_changed, seconds=round(v.seconds, 3),
+                               detail={"stratum": v.stratum, "reason": v.reason, "relations": sorted(v.layers)})
+                   for v in p.views]
         t0 = time.perf_counter()
         catalog.publish(p.run_id, changes, watermarks, stages)
         progress(f"publish: {len(changes)} new versions and {len(watermarks)} watermarks at one snapshot "
@@ -242,6 +313,7 @@ def refresh(project: Project, progress: Progress = lambda _: None, views: list[s
         catalog.finish_run(p.run_id, "failed", one_line(e))
         raise
     result = RefreshResult(p.run_id, "succeeded", p.snapshot, p.tables, time.perf_counter() - started, p.views)
-    result.compacted = [c.relation for c in project.compact([t.table for t in p.tables], progress=progress)]
+    grown = [t.table for t in p.tables] + [r for v in p.views if v.mode == "incremental" for r in v.layers]
+    result.compacted = [c.relation for c in project.compact(grown, progress=progress)]
     result.seconds = time.perf_counter() - started
     return result

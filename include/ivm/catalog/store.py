@@ -107,6 +107,8 @@ class PublishChange:
     expected_version_id: int | None
     layers: Sequence[WrittenLayer]
     replace: bool = False
+    #: an auxiliary relation (an auxiliary predicate or GROUPBY state of a view) is created on first publish
+    create: bool = False
 
 
 @dataclass
@@ -355,6 +357,9 @@ class Catalog:
         with self.session() as s:
             for change in changes:
                 rel = s.get(Relation, change.relation, with_for_update=True)
+                if rel is None and change.create:
+                    rel = Relation(name=change.relation, kind="aux")
+                    s.add(rel)
                 if rel is None:
                     raise CatalogError(f"relation {change.relation} is not in the catalog (run `ivm apply`)")
                 if rel.current_version_id != change.expected_version_id:

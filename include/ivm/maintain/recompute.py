@@ -11,7 +11,7 @@ with Spark's own aggregate functions, so NULLs and empty inputs behave as SQL sa
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import reduce
 
 from pyspark.sql import DataFrame
@@ -22,6 +22,7 @@ from ivm.errors import ConfigError
 from ivm.ir import (
     Assign,
     Atom,
+    BodyItem,
     Condition,
     Const,
     Expr,
@@ -39,6 +40,8 @@ from ivm.stratify import Strata
 from ivm.zset import consolidate, expand, union_all
 
 C = COUNT_COLUMN
+Subgoal = Callable[[int, BodyItem], DataFrame | None]
+Absent = Callable[[int, Literal, DataFrame], DataFrame]
 
 
 def _q(name: str) -> str:
@@ -101,17 +104,18 @@ class Evaluator:
             df = df.where(c)
         return df.select(*cols, F.col(C))
 
-    def groupby(self, g: GroupBy) -> DataFrame:
-        """000 §6.2: one tuple per group of the atom's bag, with the aggregates; count 1."""
-        rows = expand(self.atom(g.atom))
+    def groupby(self, g: GroupBy, source: DataFrame | None = None) -> DataFrame:
+        """000 §6.2: one tuple per group of the atom's bag, with the aggregates; count 1. ``source``:
+        the grouped relation as used, consolidated (default: this evaluator's)."""
+        rows = expand(self.atom(g.atom, source))
         aggs = [F.expr(a.call()).alias(a.var.name) for a in g.aggregates]
         grouped = rows.groupBy(*[F.col(_q(v.name)) for v in g.by]).agg(*aggs) if g.by else rows.agg(*aggs)
         return grouped.withColumn(C, F.lit(1).cast("long"))
 
-    def setof(self, s: SetOf) -> DataFrame:
+    def setof(self, s: SetOf, source: DataFrame | None = None) -> DataFrame:
         """001 Definition 1: per binding of the atom's other variables, the set of the elements, as a
         sorted array (a set has one canonical form, so equal sets are equal values); count 1."""
-        rows = self.atom(s.atom)
+        rows = self.atom(s.atom, source)
         element = (F.col(_q(s.elements[0].name)) if len(s.elements) == 1
                    else F.struct(*[F.col(_q(e.name)) for e in s.elements]))
         agg = F.array_sort(F.collect_set(element)).alias(s.result.name)
@@ -119,16 +123,39 @@ class Evaluator:
         grouped = rows.groupBy(*group).agg(agg) if group else rows.agg(agg)
         return grouped.withColumn(C, F.lit(1).cast("long"))
 
-    def rule(self, rule: Rule) -> DataFrame:
-        """The Z-set of the rule's head: one derivation per combination of its positive subgoals."""
+    def subgoal(self, index: int, item: BodyItem) -> DataFrame | None:
+        """The relation a body item joins: a positive atom, a GROUPBY or setof subgoal; None for a negated
+        atom (an anti-join, applied after the joins)."""
+        if isinstance(item, Literal):
+            return None if item.negated else self.atom(item.atom)
+        return self.groupby(item) if isinstance(item, GroupBy) else self.setof(item)
+
+    def absent(self, index: int, item: Literal, df: DataFrame) -> DataFrame:
+        """``not p(...)``: the tuples of ``df`` with no match in p."""
+        return anti_join(df, self.atom(item.atom), item.null_safe)
+
+    def rule(self, rule: Rule, subgoal: Subgoal | None = None, absent: Absent | None = None,
+             first: int | None = None) -> DataFrame:
+        """The Z-set of the rule's head: one derivation per combination of its positive subgoals.
+
+        ``subgoal(i, item)`` gives the relation the i-th body item joins (None: not joined) and
+        ``absent(i, item, df)`` applies a negated atom that is not joined; the delta rules of the
+        counting algorithm pass their own, choosing old, new or Δ states (000 Definition 4.1).
+        ``first``: the body item to start the joins from (the Δ subgoal, the smallest).
+        """
+        subgoal, absent = subgoal or self.subgoal, absent or self.absent
         df: DataFrame | None = None
-        for item in rule.body:
-            if isinstance(item, Literal) and not item.negated:
-                df = _join(df, self.atom(item.atom), item.null_safe)
-            elif isinstance(item, GroupBy):
-                df = _join(df, self.groupby(item), False)
-            elif isinstance(item, SetOf):
-                df = _join(df, self.setof(item), False)
+        joined: set[int] = set()
+        order = list(range(len(rule.body)))
+        if first is not None:
+            order = [first] + [i for i in order if i != first]
+        for i in order:
+            item = rule.body[i]
+            if isinstance(item, Literal | GroupBy | SetOf):
+                right = subgoal(i, item)
+                if right is not None:
+                    df = _join(df, right, isinstance(item, Literal) and item.null_safe)
+                    joined.add(i)
         if df is None:  # a rule of conditions only: one empty tuple
             df = self._unit()
         pending = [i for i in rule.body if isinstance(i, Assign | Unnest)]
@@ -143,9 +170,9 @@ class Evaluator:
         for item in rule.body:
             if isinstance(item, Condition):
                 df = df.where(F.expr(str(item)))
-        for item in rule.body:
-            if isinstance(item, Literal) and item.negated:
-                df = _anti_join(df, self.atom(item.atom), item.null_safe)
+        for i, item in enumerate(rule.body):
+            if isinstance(item, Literal) and item.negated and i not in joined:
+                df = absent(i, item, df)
         head = self.program.predicates[rule.head.pred]
         return df.select(*[_head_column(a, col) for a, col in zip(rule.head.args, head.columns, strict=True)],
                          F.col(C))
@@ -187,7 +214,7 @@ def _join(left: DataFrame | None, right: DataFrame, null_safe: bool) -> DataFram
                   .drop("__rc", *[f"__r_{c}" for c in shared]))
 
 
-def _anti_join(left: DataFrame, right: DataFrame, null_safe: bool) -> DataFrame:
+def anti_join(left: DataFrame, right: DataFrame, null_safe: bool) -> DataFrame:
     """``not p(...)``: keep the tuples with no match (000 Definition 6.1's negation, SQL NOT EXISTS)."""
     shared = [c for c in right.columns if c != C and c in left.columns]
     if not shared:  # nothing correlates: any tuple on the right removes every tuple on the left

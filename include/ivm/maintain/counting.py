@@ -1,0 +1,309 @@
+"""The counting algorithm (000 §4-6) on Spark: incremental maintenance of nonrecursive predicates.
+
+Algorithm 4.1 processes the derived predicates in stratum order. For each rule ``p :- s1, ..., sn``
+it evaluates the delta rules of Definition 4.1 (statement (1))
+
+    Δ(p) :- s1ᵛ, ..., s(i-1)ᵛ, Δ(si), s(i+1), ..., sn
+
+new states before the Δ subgoal, old states after it, and adds their results up (⊎) into Δ(P);
+then ``Pᵛ = P ⊎ Δ(P)``. Every derived predicate is materialized with ``__count``, its number of
+derivations (§3), so deletions need no rederivation. Only delta rules whose Δ subgoal actually changed
+in this run are evaluated.
+
+* **Set semantics** (§5.1, statement (2)): a set predicate keeps its derivation count, but the
+  predicates above it see each of its tuples once, so what propagates upward is
+  ``set(Pᵛ) - set(P)``: +1 for a tuple whose count became positive, -1 for one whose count dropped to
+  zero. A change of count that keeps a tuple present stops there.
+* **Negation** (§6.1): a negated subgoal after the Δ subgoal is an anti-join against the old Q, before
+  it against Qᵛ (Lemma 6.1); a Δ(¬q) subgoal is Definition 6.1's relation: +1 for the tuples of Δ(Q)
+  no longer in Qᵛ, -1 for those not in Q before.
+* **Aggregation** (§6.2, Algorithm 6.1): a Δ(GROUPBY) subgoal is the changed groups of T, computed
+  from the stored state of the subgoal (ivm.maintain.groupby); a GROUPBY subgoal in old/new position
+  is T or Tᵛ. A setof subgoal (001) is treated like a non-incrementally computable aggregate: the
+  touched groups are recomputed from the old and new input.
+
+Presence checks (negation, statement (2), distinct values) consolidate the stored layers restricted to
+the keys in the delta, never a whole relation; positive subgoals read the layers as they are, since
+joins distribute over ⊎ (DESIGN.md §3).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from ivm.config import COUNT_COLUMN
+from ivm.ir import Atom, BodyItem, GroupBy, Literal, Program, SetOf, Var
+from ivm.maintain.delta_rules import DELTA, NEW, OLD, DeltaRule, delta_rules
+from ivm.maintain.groupby import GroupByState
+from ivm.maintain.recompute import Evaluator, anti_join, as_used
+from ivm.stratify import Strata
+from ivm.zset import consolidate, restrict, union_all
+
+log = logging.getLogger(__name__)
+C = COUNT_COLUMN
+
+
+def _q(name: str) -> str:
+    return f"`{name}`"
+
+
+# -- the relations a view stores ----------------------------------------------------------------------
+
+
+def groupby_subgoals(program: Program, pred: str) -> list[tuple[str, int, GroupBy]]:
+    """(state relation name, body index, subgoal) of every GROUPBY subgoal in the rules of ``pred``."""
+    out = []
+    for r, rule in enumerate(program.rules_for(pred)):
+        for j, item in enumerate(rule.body):
+            if isinstance(item, GroupBy):
+                out.append((f"{pred}__agg{r}_{j}", j, item))
+    return out
+
+
+def view_predicates(program: Program, strata: Strata, view: str) -> list[str]:
+    """The view's own predicates (its auxiliary ones, then itself) in evaluation order."""
+    own = [p for p, d in program.predicates.items() if d.kind == "aux" and d.owner == view] + [view]
+    order = {p: i for i, comp in enumerate(strata.components) for p in comp.predicates}
+    return sorted(own, key=lambda p: order[p])
+
+
+def groupby_states(program: Program, empty: Evaluator) -> dict[str, GroupByState]:
+    """The state relation of every GROUPBY subgoal of the program; T's column types come from the
+    full evaluation's plan over empty tables (Spark analyses it; no job runs)."""
+    states = {}
+    for pred in program.predicates:
+        for name, _, g in groupby_subgoals(program, pred):
+            types = {f.name: f.dataType for f in empty.groupby(g).schema.fields}
+            states[name] = GroupByState(name, g, types)
+    return states
+
+
+def stored_relations(program: Program, strata: Strata, states: dict[str, GroupByState], view: str) -> list[str]:
+    """Every relation maintaining ``view`` stores: its predicates, GROUPBY states, distinct-value counts."""
+    out = []
+    for pred in view_predicates(program, strata, view):
+        out.append(pred)
+        for name, _, _ in groupby_subgoals(program, pred):
+            out += [name, *(states[name].distinct_name(v) for v in states[name].distinct_args())]
+    return out
+
+
+def materialize(ev: Evaluator, states: dict[str, GroupByState], view: str):
+    """Full evaluation of everything ``view`` stores, as (relation, Z-set) pairs in evaluation order:
+    each predicate from its rules, each GROUPBY state and distinct-value count from the grouped rows."""
+    for pred in view_predicates(ev.program, ev.strata, view):
+        yield pred, ev.relation(pred)
+        for name, _, g in groupby_subgoals(ev.program, pred):
+            st = states[name]
+            rows = ev.atom(g.atom)  # the grouped relation as used: consolidated, positive counts
+            yield name, st.full(rows)
+            for var in st.distinct_args():
+                cols = [*st.by, var]
+                yield st.distinct_name(var), consolidate(rows.where(F.col(_q(var)).isNotNull())
+                                                         .select(*[F.col(_q(c)) for c in cols], F.col(C)), cols)
+
+
+# -- a run's view of the stored relations ------------------------------------------------------------------
+
+
+@dataclass
+class RunStates:
+    """Relations as one refresh sees them: the published layers (the old state), and what this run
+    wrote: a delta layer (Pᵛ = P ⊎ Δ(P)) or, for a full recompute, a new base layer."""
+
+    read: Callable[[str, list[str]], DataFrame]         # (relation, layer paths) -> Z-set
+    write_delta: Callable[[str, DataFrame], str | None]  # (relation, Δ) -> layer path, None when empty
+    stage: Callable[[str, DataFrame], str | None]        # (name, frame) -> staging path, None when empty
+    old_paths: dict[str, list[str]] = field(default_factory=dict)
+    delta_paths: dict[str, str] = field(default_factory=dict)
+    replaced: dict[str, str] = field(default_factory=dict)
+
+    def old(self, name: str) -> DataFrame:
+        return self.read(name, self.old_paths.get(name, []))
+
+    def new(self, name: str) -> DataFrame:
+        if name in self.replaced:
+            return self.read(name, [self.replaced[name]])
+        return self.read(name, self.old_paths.get(name, []) + ([self.delta_paths[name]]
+                                                                if name in self.delta_paths else []))
+
+    def delta(self, name: str) -> DataFrame | None:
+        return self.read(name, [self.delta_paths[name]]) if name in self.delta_paths else None
+
+    def put_delta(self, name: str, df: DataFrame) -> DataFrame | None:
+        """Write Δ(name) as a delta layer and read it back (a materialized, reusable plan)."""
+        path = self.write_delta(name, df)
+        if path is None:
+            return None
+        self.delta_paths[name] = path
+        return self.read(name, [path])
+
+
+def presence_change(old_rows: DataFrame, delta_rows: DataFrame, columns: list[str]) -> DataFrame:
+    """For each tuple of ``delta_rows``: +1 if it was absent (count ≤ 0) and is present after the
+    delta, -1 if it was present and is not; tuples whose presence did not change are dropped.
+
+    This is statement (2) of 000 Algorithm 4.1 (``set(Pᵛ) - set(P)``) and, negated, Definition 6.1's
+    Δ(Q̄). The old counts are consolidated only for the keys in the delta.
+    """
+    cols = [F.col(_q(c)) for c in columns]
+    keys = delta_rows.select(*cols).distinct()
+    old = restrict(old_rows, keys, columns).select(*cols, F.col(C).alias("__o"), F.lit(0).cast("long").alias("__d"))
+    new = delta_rows.select(*cols, F.lit(0).cast("long").alias("__o"), F.col(C).alias("__d"))
+    counts = old.unionByName(new).groupBy(*cols).agg(F.sum("__o").alias("__o"), F.sum("__d").alias("__d"))
+    before, after = F.col("__o") > 0, (F.col("__o") + F.col("__d")) > 0
+    change = F.when(~before & after, 1).when(before & ~after, -1).otherwise(0).cast("long")
+    return counts.select(*cols, change.alias(C)).where(F.col(C) != 0)
+
+
+class Counting:
+    """Algorithm 4.1 over one run's states. ``maintain(pred)`` computes, writes and returns Δ(pred)."""
+
+    def __init__(self, program: Program, strata: Strata, states: RunStates, groupbys: dict[str, GroupByState],
+                 schemas: Callable[[str], object]):
+        self.program = program
+        self.strata = strata
+        self.states = states
+        self.groupbys = groupbys
+        self.schemas = schemas
+        self.ev = Evaluator(program, strata, {})
+        #: Δ of every predicate as the predicates above it use it (statement (2) for set predicates);
+        #: absent: unchanged in this run
+        self.used_delta: dict[str, DataFrame] = {}
+
+    # -- states of a subgoal's predicate ---------------------------------------------------------------
+
+    def changed(self, pred: str) -> bool:
+        return pred in self.used_delta
+
+    def note_delta(self, pred: str, delta: DataFrame | None) -> None:
+        """Record Δ(pred) (a base table's net delta, or a predicate's written delta layer) as the
+        predicates above it will use it."""
+        if delta is None:
+            return
+        p = self.program.predicates[pred]
+        if p.semantics == "set":  # 000 Algorithm 4.1 statement (2): only set changes propagate upward
+            path = self.states.stage(f"{pred}__set_change",
+                                     presence_change(self.states.old(pred), delta, list(p.columns)))
+            if path is None:
+                log.info("%s: counts changed but not the set; nothing propagates upward (statement (2))", pred)
+                return
+            delta = self.states.read(pred, [path])
+        self.used_delta[pred] = delta
+
+    def used(self, pred: str, state: str) -> DataFrame:
+        """The predicate in a subgoal at ``state``: as the rules above it use it (sets: count 1)."""
+        if state == DELTA:
+            return self.used_delta[pred]
+        p = self.program.predicates[pred]
+        rows = self.states.new(pred) if state == NEW else self.states.old(pred)
+        return as_used(p, consolidate(rows)) if p.semantics == "set" else rows
+
+    def rows(self, atom: Atom, state: str, groups: DataFrame | None = None,
+             group_vars: list[str] | None = None) -> DataFrame:
+        """The atom's rows (variables + ``__count``) at ``state``, consolidated with positive counts,
+        restricted to the tuples whose ``group_vars`` occur in ``groups`` (before consolidating)."""
+        p = self.program.predicates[atom.pred]
+        raw = self.states.new(atom.pred) if state == NEW else self.states.old(atom.pred)
+        if groups is not None and group_vars:
+            position = {a.name: c for c, a in zip(p.columns, atom.args, strict=True) if isinstance(a, Var)}
+            keys = groups.select(*[F.col(_q(v)).alias(position[v]) for v in group_vars])
+            raw = restrict(raw, keys, [position[v] for v in group_vars])
+        return consolidate(self.ev.atom(atom, as_used(p, consolidate(raw))))
+
+    # -- Algorithm 4.1 --------------------------------------------------------------------------------
+
+    def maintain(self, pred: str) -> DataFrame | None:
+        """Δ(pred) from the delta rules whose Δ subgoal changed; written as a delta layer of ``pred``
+        (and of its GROUPBY states); None when nothing changed."""
+        terms = []
+        for r, rule in enumerate(self.program.rules_for(pred)):
+            for d in delta_rules(rule):
+                i = d.states.index(DELTA)
+                if self.changed(d.rule.body[i].atom.pred):
+                    terms.append(self.delta_rule(pred, r, d, i))
+        delta = self.states.put_delta(pred, consolidate(union_all(terms), self.program.predicates[pred].columns)) \
+            if terms else None
+        self.note_delta(pred, delta)
+        return delta
+
+    def delta_rule(self, pred: str, r: int, d: DeltaRule, i: int) -> DataFrame:
+        """One term of Definition 4.1 as a Spark plan, starting the joins from the Δ subgoal."""
+
+        def subgoal(j: int, item: BodyItem) -> DataFrame | None:
+            state = d.states[j]
+            if isinstance(item, Literal):
+                if item.negated:  # Definition 6.1 in Δ position, else an anti-join (below)
+                    return self.negation_delta(item.atom) if state == DELTA else None
+                return self.ev.atom(item.atom, self.used(item.atom.pred, state))
+            if isinstance(item, GroupBy):
+                if state == DELTA:
+                    return self.groupby_delta(f"{pred}__agg{r}_{j}", item)
+                return self.ev.groupby(item, self.rows_as_used(item.atom.pred, state))
+            assert isinstance(item, SetOf)
+            return self.setof_delta(item) if state == DELTA else self.ev.setof(
+                item, self.rows_as_used(item.atom.pred, state))
+
+        def absent(j: int, item: Literal, df: DataFrame) -> DataFrame:
+            # 000 §6.1 cases 1 and 2: Q̄ from the old Q after the Δ subgoal, from Qᵛ before it
+            shared = [v for v in item.atom.variables() if v in df.columns]
+            rows = self.states.new(item.atom.pred) if d.states[j] == NEW else self.states.old(item.atom.pred)
+            q = self.ev.atom(item.atom, rows)
+            if shared:
+                q = restrict(q, df.select(*[F.col(_q(v)) for v in shared]).distinct(), shared)
+            return anti_join(df, consolidate(q).where(F.col(C) > 0), item.null_safe)
+
+        return self.ev.rule(d.rule, subgoal, absent, first=i)
+
+    def rows_as_used(self, pred: str, state: str) -> DataFrame:
+        """The predicate at ``state`` as used, consolidated (GROUPBY and setof need one row per tuple)."""
+        used = self.used(pred, state)
+        return used if self.program.predicates[pred].semantics == "set" else consolidate(used)
+
+    def negation_delta(self, atom: Atom) -> DataFrame:
+        """000 Definition 6.1: Δ(Q̄) = +1 for tuples of Δ(Q) not in Q ⊎ Δ(Q), -1 for those not in Q."""
+        variables = [a.name for a in dict.fromkeys(x for x in atom.args if isinstance(x, Var))]
+        old = self.ev.atom(atom, self.states.old(atom.pred))
+        # the raw Δ(Q), not the set change: presence is judged on Q's own counts
+        delta = consolidate(self.ev.atom(atom, self.states.delta(atom.pred)))
+        change = presence_change(old, delta, variables)
+        return change.withColumn(C, -F.col(C))
+
+    def groupby_delta(self, name: str, g: GroupBy) -> DataFrame:
+        """000 Algorithm 6.1: Δ(T) for the groups Δ(U) touches, from the stored state (written as a
+        delta layer of the state relation ``name``)."""
+        st = self.groupbys[name]
+        delta_rows = consolidate(self.ev.atom(g.atom, self.used_delta[g.atom.pred]))
+        changes = {}
+        for var in st.distinct_args():  # the (group, value) counts behind COUNT/SUM/AVG(DISTINCT x)
+            cols = [*st.by, var]
+            dname = st.distinct_name(var)
+            dd = self.states.put_delta(dname, consolidate(delta_rows.where(F.col(_q(var)).isNotNull())
+                                                          .select(*[F.col(_q(c)) for c in cols], F.col(C)), cols))
+            if dd is not None:
+                changes[var] = presence_change(self.states.old(dname), dd, cols)
+
+        def new_rows(groups: DataFrame | None) -> DataFrame:
+            return self.rows(g.atom, NEW, groups, st.by)
+
+        dstate = st.delta(delta_rows, self.states.old(name), new_rows, changes, self.schemas(name))
+        written = self.states.put_delta(name, dstate)
+        return consolidate(st.finalize(written if written is not None else self.states.read(name, [])))
+
+    def setof_delta(self, s: SetOf) -> DataFrame:
+        """A setof subgoal's changed groups: each touched group's set before (-1) and after (+1)."""
+        group = [v.name for v in s.group()]
+        touched = self.ev.atom(s.atom, self.used_delta[s.atom.pred]).select(*[F.col(_q(v)) for v in group]).distinct() \
+            if group else None
+        before = self.ev.setof(s, self.rows(s.atom, OLD, touched, group) if group else self.rows_as_used(s.atom.pred,
+                                                                                                          OLD))
+        after = self.ev.setof(s, self.rows(s.atom, NEW, touched, group) if group else self.rows_as_used(s.atom.pred,
+                                                                                                         NEW))
+        return consolidate(after.unionByName(before.withColumn(C, -F.col(C))))
+
+

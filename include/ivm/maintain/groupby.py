@@ -1,0 +1,314 @@
+"""Stored state of a GROUPBY subgoal, so 000 Algorithm 6.1 computes a group's new tuple from its old one.
+
+A GROUPBY subgoal ``GROUPBY(U, Ȳ, Z̄ = ...)`` (000 §6.2) denotes a relation T with one tuple per group.
+Algorithm 6.1 computes, for every group ȳ touched by Δ(U), the new tuple T_ȳᵛ "incrementally from T_ȳ
+(old) and Δ(U)" and emits (T_ȳ, -1) and (T_ȳᵛ, +1) when they differ. To do that without reading U,
+each GROUPBY subgoal keeps a state relation: per group its row count ``__rows`` and, per aggregate, the
+incrementally computable functions it decomposes into (§6.2: "AVERAGE and VARIANCE ... can be
+decomposed into incrementally computable functions"):
+
+    COUNT(*)                         __rows
+    COUNT(x)                         n (non-NULL values)
+    SUM(x), AVG(x)                   n, s = Σ x
+    VARIANCE/STDDEV (samp and pop)   n, s = Σ x, q = Σ x²          (as doubles)
+    MIN(x), MAX(x)                   n, m (the current extreme)
+    COUNT/SUM/AVG(DISTINCT x)        n, s over the distinct values, from an auxiliary relation of
+                                     counts per (group, x): a value counts while its count is positive
+    anything else (percentiles,      v, the value itself: "not incrementally computable" (§6.2), so it
+    mode, user-defined aggregates)   is recomputed from Uᵛ for the touched groups only
+
+MIN and MAX are incremental on insertion (the new extreme is the least of the old one and the inserted
+values); a group is recomputed from Uᵛ only when a deleted value is at or beyond its current extreme.
+The state is itself a Z-set relation: a refresh appends, per touched group, the old state row with
+count -1 and the new one with +1, so Δ(T) is ``finalize`` applied to that state delta (unchanged
+groups cancel when consolidated). A global aggregate (no grouping columns) always has its one row, as
+SQL returns one row for an aggregate over no rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import reduce
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import DataType, StructType
+
+from ivm.config import COUNT_COLUMN
+from ivm.ir import Aggregate, GroupBy
+from ivm.zset import consolidate, expand, restrict
+
+C = COUNT_COLUMN
+ROWS = "__rows"
+VARIANCES = {"var_samp", "var_pop", "variance", "stddev", "stddev_samp", "stddev_pop", "std"}
+DISTINCT_OK = {"count", "sum", "avg"}
+
+
+def _q(name: str) -> str:
+    return f"`{name}`"
+
+
+def kind(a: Aggregate) -> str:
+    """How an aggregate is maintained: star, count, sum, avg, variance, min, max, distinct, recompute."""
+    if a.template is not None:
+        return "recompute"
+    if a.func == "count" and a.arg is None:
+        return "star"
+    if a.distinct and a.func in DISTINCT_OK:
+        return "distinct"
+    if a.func in ("count", "sum", "avg", "min", "max"):
+        return a.func
+    if a.func in VARIANCES:
+        return "variance"
+    return "recompute"
+
+
+def describe(a: Aggregate) -> str:
+    """One line for `ivm explain`: how Algorithm 6.1 computes this aggregate's new value."""
+    return {
+        "star": "COUNT(*) from the stored row count",
+        "count": "from the stored count of non-NULL values",
+        "sum": "from the stored sum and count",
+        "avg": "from the stored sum and count",
+        "variance": "from the stored count, sum and sum of squares",
+        "min": "incremental on insert; the group is recomputed when its current minimum is deleted",
+        "max": "incremental on insert; the group is recomputed when its current maximum is deleted",
+        "distinct": "from an auxiliary count per (group, value): a value counts while its count is positive",
+        "recompute": "not incrementally computable: recomputed from the new input for the touched groups",
+    }[kind(a)].join([f"{a.call()}: ", ""])
+
+
+@dataclass
+class GroupByState:
+    """The state relation of one GROUPBY subgoal (see the module docstring)."""
+
+    name: str
+    subgoal: GroupBy
+    #: Spark types of T's aggregate columns, as the full evaluation produces them
+    out_types: dict[str, DataType]
+
+    @property
+    def by(self) -> list[str]:
+        return [v.name for v in self.subgoal.by]
+
+    @property
+    def aggregates(self) -> tuple[Aggregate, ...]:
+        return self.subgoal.aggregates
+
+    def arg(self, a: Aggregate) -> Column:
+        return F.expr(str(a.arg))
+
+    def distinct_args(self) -> list[str]:
+        """The argument variables that need a distinct-value relation."""
+        return sorted({next(iter(a.arg.variables())) for a in self.aggregates if kind(a) == "distinct"})
+
+    def distinct_name(self, var: str) -> str:
+        return f"{self.name}__d_{var}"
+
+    def needs_recompute(self) -> bool:
+        return any(kind(a) == "recompute" for a in self.aggregates)
+
+    # -- full computation -----------------------------------------------------------------------------
+
+    def full(self, rows: DataFrame) -> DataFrame:
+        """The state of every group from U's consolidated rows (variables + ``__count``, all positive)."""
+        cols: list[Column] = [F.coalesce(F.sum(C), F.lit(0)).cast("long").alias(ROWS)]
+        plain = expand(rows)
+        needs_plain = False
+        for a in self.aggregates:
+            k, v, x = kind(a), a.var.name, self.arg(a) if a.arg is not None else None
+            if k in ("count", "sum", "avg", "variance", "min", "max"):
+                cols.append(F.coalesce(F.sum(F.when(x.isNotNull(), F.col(C)).otherwise(0)), F.lit(0))
+                            .cast("long").alias(f"{v}__n"))
+            if k in ("sum", "avg"):
+                cols.append(F.sum(x * F.col(C)).alias(f"{v}__s"))
+            if k == "variance":
+                d = x.cast("double")
+                cols += [F.sum(d * F.col(C)).alias(f"{v}__s"), F.sum(d * d * F.col(C)).alias(f"{v}__q")]
+            if k in ("min", "max"):
+                cols.append((F.min(x) if k == "min" else F.max(x)).alias(f"{v}__m"))
+            if k in ("distinct", "recompute"):
+                needs_plain = True
+        state = rows.groupBy(*[F.col(_q(b)) for b in self.by]).agg(*cols) if self.by else rows.agg(*cols)
+        if needs_plain:  # DISTINCT and non-decomposable aggregates over the bag itself
+            extra = []
+            for a in self.aggregates:
+                if kind(a) == "distinct":
+                    x = self.arg(a)
+                    extra += [F.count_distinct(x).cast("long").alias(f"{a.var.name}__n")]
+                    if a.func != "count":
+                        extra.append(F.sum_distinct(x).alias(f"{a.var.name}__s"))
+                elif kind(a) == "recompute":
+                    extra.append(F.expr(a.call()).alias(f"{a.var.name}__v"))
+            grouped = (plain.groupBy(*[F.col(_q(b)) for b in self.by]).agg(*extra) if self.by
+                       else plain.agg(*extra))
+            state = (state.join(grouped, _on(state, grouped, self.by), "left").drop(*[grouped[_q(b)] for b in self.by])
+                     if self.by else state.crossJoin(grouped))
+        return state.select(*[F.col(_q(b)) for b in self.by], *[F.col(_q(c)) for c in self.columns()],
+                            F.lit(1).cast("long").alias(C))
+
+    def columns(self) -> list[str]:
+        """The state relation's columns after the grouping ones."""
+        out = [ROWS]
+        for a in self.aggregates:
+            out += [f"{a.var.name}__{part}" for part in _PARTS[kind(a)](a)]
+        return out
+
+    def schema(self, empty_rows: DataFrame) -> StructType:
+        """The state relation's columns and types (Spark analyses the plan over empty input; no job)."""
+        return StructType([f for f in self.full(empty_rows).schema.fields if f.name != C])
+
+    # -- Algorithm 6.1 ----------------------------------------------------------------------------------
+
+    def delta(self, delta_rows: DataFrame, old_state: DataFrame, new_rows: Callable[[DataFrame], DataFrame],
+              distinct_changes: dict[str, DataFrame], schema: StructType) -> DataFrame:
+        """The state delta of the groups Δ(U) touches: (old state, -1) and (new state, +1).
+
+        ``delta_rows``: Δ(U) as variables + ``__count``, consolidated. ``old_state``: the stored state
+        (unconsolidated layers). ``new_rows(groups)``: Uᵛ's consolidated rows restricted to ``groups``,
+        for the groups that must be recomputed. ``distinct_changes``: per DISTINCT argument, the
+        set changes (±1) of its (group, value) relation.
+        """
+        by = self.by
+        partial = self._partial(delta_rows)
+        for var, change in distinct_changes.items():
+            part = self._distinct_partial(var, change)
+            partial = (partial.join(part, _on(partial, part, by), "full")
+                       .select(*[F.coalesce(partial[_q(b)], part[_q(b)]).alias(b) for b in by],
+                               *[partial[_q(c)] for c in partial.columns if c not in by],
+                               *[part[_q(c)] for c in part.columns if c not in by])
+                       if by else partial.crossJoin(part))
+        groups = partial.select(*[F.col(_q(b)) for b in by]) if by else None
+        old = old_state if groups is None else restrict(old_state, groups, by)
+        old = consolidate(old).where(F.col(C) > 0).drop(C)
+        p = partial.select(*[F.col(_q(c)).alias(c if c in by else f"p__{c}") for c in partial.columns])
+        o = old.select(*[F.col(_q(c)).alias(f"o__{c}") for c in old.columns])
+        joined = (p.join(o, reduce(lambda x, y: x & y, [p[_q(b)].eqNullSafe(o[_q(f"o__{b}")]) for b in by]), "left")
+                  if by else p.join(o, F.lit(True), "left"))
+        merged = joined.select(*[F.col(_q(b)) for b in by], *self._merge(schema), self._must_recompute()
+                               .alias("__recompute"))
+        keep = [F.col(_q(f.name)) for f in schema.fields]
+        incremental = merged.where(~F.col("__recompute")).select(*keep)
+        flagged = merged.where(F.col("__recompute"))
+        if by:
+            recomputed = self.full(new_rows(flagged.select(*[F.col(_q(b)) for b in by]))).drop(C)
+        else:  # the one global group: recomputed over the whole new input, only if flagged
+            recomputed = (self.full(new_rows(None)).drop(C)
+                          .crossJoin(flagged.select(F.lit(1).alias("__f")).limit(1)).drop("__f"))
+        new = incremental.unionByName(recomputed.select(*[F.col(_q(f.name)).cast(f.dataType) for f in schema.fields]))
+        if by:  # a group with no rows left is gone; the global aggregate keeps its row (SQL)
+            new = new.where(F.col(ROWS) > 0)
+        return consolidate(new.withColumn(C, F.lit(1).cast("long"))
+                           .unionByName(old.select(*keep).withColumn(C, F.lit(-1).cast("long"))))
+
+    def _partial(self, rows: DataFrame) -> DataFrame:
+        """Per touched group, Δ(U)'s contribution to each decomposed function."""
+        c = F.col(C)
+        cols: list[Column] = [F.sum(c).cast("long").alias(ROWS)]
+        for a in self.aggregates:
+            k, v = kind(a), a.var.name
+            x = self.arg(a) if a.arg is not None else None
+            if k in ("count", "sum", "avg", "variance", "min", "max"):
+                cols.append(F.sum(F.when(x.isNotNull(), c).otherwise(0)).cast("long").alias(f"{v}__n"))
+            if k in ("sum", "avg"):
+                cols.append(F.sum(x * c).alias(f"{v}__s"))
+            if k == "variance":
+                d = x.cast("double")
+                cols += [F.sum(d * c).alias(f"{v}__s"), F.sum(d * d * c).alias(f"{v}__q")]
+            if k in ("min", "max"):
+                pick = F.min if k == "min" else F.max
+                cols += [pick(F.when(c > 0, x)).alias(f"{v}__m"), pick(F.when(c < 0, x)).alias(f"{v}__del")]
+        return rows.groupBy(*[F.col(_q(b)) for b in self.by]).agg(*cols) if self.by else rows.agg(*cols)
+
+    def _distinct_partial(self, var: str, change: DataFrame) -> DataFrame:
+        """Per group, the change of the distinct count and sum: values that appeared minus vanished."""
+        cols = []
+        for a in self.aggregates:
+            if kind(a) == "distinct" and next(iter(a.arg.variables())) == var:
+                cols.append(F.sum(C).cast("long").alias(f"{a.var.name}__dn"))
+                if a.func != "count":
+                    cols.append(F.sum(F.col(_q(var)) * F.col(C)).alias(f"{a.var.name}__ds"))
+        return change.groupBy(*[F.col(_q(b)) for b in self.by]).agg(*cols) if self.by else change.agg(*cols)
+
+    def _merge(self, schema: StructType) -> list[Column]:
+        """The new state from the old one (``o__*``, NULL for a new group) and the partial (``p__*``)."""
+        types = {f.name: f.dataType for f in schema.fields}
+
+        def add(old: str, part: str) -> Column:
+            return F.coalesce(F.col(old), F.lit(0)) + F.coalesce(F.col(part), F.lit(0))
+
+        cols = {ROWS: add(f"o__{ROWS}", f"p__{ROWS}")}
+        for a in self.aggregates:
+            k, v = kind(a), a.var.name
+            if k in ("count", "sum", "avg", "variance", "min", "max"):
+                cols[f"{v}__n"] = add(f"o__{v}__n", f"p__{v}__n")
+            if k in ("sum", "avg", "variance"):
+                cols[f"{v}__s"] = add(f"o__{v}__s", f"p__{v}__s")
+            if k == "variance":
+                cols[f"{v}__q"] = add(f"o__{v}__q", f"p__{v}__q")
+            if k in ("min", "max"):
+                pick = F.least if k == "min" else F.greatest
+                cols[f"{v}__m"] = pick(F.col(f"o__{v}__m"), F.col(f"p__{v}__m"))
+            if k == "distinct":
+                cols[f"{v}__n"] = add(f"o__{v}__n", f"p__{v}__dn")
+                if a.func != "count":
+                    cols[f"{v}__s"] = add(f"o__{v}__s", f"p__{v}__ds")
+            if k == "recompute":
+                cols[f"{v}__v"] = F.col(f"o__{v}__v")
+        return [expr.cast(types[name]).alias(name) for name, expr in cols.items()]
+
+    def _must_recompute(self) -> Column:
+        """A group is recomputed from Uᵛ when it has a non-decomposable aggregate, or a deleted value at
+        or beyond its current MIN/MAX (only then can the extreme have left the group)."""
+        flags: list[Column] = []
+        for a in self.aggregates:
+            k, v = kind(a), a.var.name
+            if k == "recompute":
+                flags.append(F.lit(True))
+            elif k in ("min", "max"):
+                deleted, current = F.col(f"p__{v}__del"), F.col(f"o__{v}__m")
+                beyond = deleted <= current if k == "min" else deleted >= current
+                flags.append(deleted.isNotNull() & (current.isNull() | beyond))
+        return reduce(lambda x, y: x | y, flags) if flags else F.lit(False)
+
+    # -- T from the state ----------------------------------------------------------------------------------
+
+    def finalize(self, state: DataFrame) -> DataFrame:
+        """T: the grouping variables and each aggregate's value, from state rows (counts kept)."""
+        cols = [F.col(_q(b)) for b in self.by]
+        for a in self.aggregates:
+            k, v = kind(a), a.var.name
+            n, s, q = F.col(f"{v}__n"), F.col(f"{v}__s"), F.col(f"{v}__q")
+            if k == "star":
+                value = F.col(ROWS)
+            elif k == "count" or (k == "distinct" and a.func == "count"):
+                value = n
+            elif k == "sum" or (k == "distinct" and a.func == "sum"):
+                value = F.when(n > 0, s)
+            elif k == "avg" or k == "distinct":
+                value = F.when(n > 0, s / n)
+            elif k == "variance":
+                m2 = F.greatest(q - s * s / n, F.lit(0.0))
+                samp = a.func in ("var_samp", "variance", "stddev", "stddev_samp", "std")
+                var = F.when(n > 1, m2 / (n - 1)) if samp else F.when(n > 0, m2 / n)
+                value = F.sqrt(var) if a.func.startswith("std") else var
+            elif k in ("min", "max"):
+                value = F.col(f"{v}__m")
+            else:
+                value = F.col(f"{v}__v")
+            cols.append(value.cast(self.out_types[v]).alias(v))
+        return state.select(*cols, F.col(C))
+
+
+#: the decomposed functions stored per aggregate kind (see the module docstring)
+_PARTS: dict[str, Callable[[Aggregate], tuple[str, ...]]] = {
+    "star": lambda a: (), "count": lambda a: ("n",), "sum": lambda a: ("n", "s"), "avg": lambda a: ("n", "s"),
+    "variance": lambda a: ("n", "s", "q"), "min": lambda a: ("n", "m"), "max": lambda a: ("n", "m"),
+    "distinct": lambda a: ("n",) if a.func == "count" else ("n", "s"), "recompute": lambda a: ("v",),
+}
+
+
+def _on(left: DataFrame, right: DataFrame, by: list[str]) -> Column:
+    """Null-safe equality on the grouping columns: GROUP BY puts NULLs in one group."""
+    return reduce(lambda x, y: x & y, [left[_q(b)].eqNullSafe(right[_q(b)]) for b in by])
