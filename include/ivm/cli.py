@@ -94,11 +94,15 @@ def cmd_runs(args) -> int:
     table = []
     for run in project.runs(args.limit):
         seconds = (run.finished_at - run.started_at).total_seconds() if run.finished_at else None
-        deltas = ", ".join(f"{s.relation}:{s.delta_rows}" for s in run.stages if s.delta_rows is not None)
+        deltas = ", ".join(f"{s.relation}:{s.delta_rows}" for s in run.stages
+                           if s.stage == "trim" and s.delta_rows is not None)
+        views = "\n".join(f"{s.relation} {s.mode} Δ{'' if s.delta_rows is None else s.delta_rows} "
+                          f"{s.seconds or 0:.2f}s" for s in run.stages if s.stage == "maintain")
         table.append([run.id, run.kind, run.status, run.mode or "",
                       ", ".join(f"{k}@{v}" for k, v in sorted(run.snapshot.items()) if k in run.relations),
-                      deltas, f"{seconds:.2f}" if seconds is not None else "", (run.error or "")[:80]])
-    _out(tabulate(table, headers=["run", "kind", "status", "mode", "snapshot", "delta rows", "seconds", "error"],
+                      deltas, views, f"{seconds:.2f}" if seconds is not None else "", (run.error or "")[:80]])
+    _out(tabulate(table, headers=["run", "kind", "status", "mode", "snapshot", "table deltas",
+                                  "views (mode, changed tuples, time)", "seconds", "error"],
                   tablefmt="simple") if table else "no runs yet")
     return 0
 

@@ -13,8 +13,10 @@ from tabulate import tabulate
 
 from ivm.analysis import analyse
 from ivm.config import ProjectConfig
-from ivm.ir import Program
+from ivm.ir import Literal, Program, SetOf
+from ivm.maintain.counting import groupby_subgoals, view_predicates
 from ivm.maintain.delta_rules import delta_rules
+from ivm.maintain.groupby import describe
 from ivm.maintain.keyed import derived_rules
 from ivm.stratify import Strata
 
@@ -85,9 +87,7 @@ def explain(program: Program, strata: Strata, config: ProjectConfig, view: str) 
     own = sorted(p for p, d in program.predicates.items() if d.kind == "aux" and d.owner == view)
     rule_preds = [view, *own]
     component = next(c for c in strata.components if view in c.predicates)
-    reasons = ["incremental maintenance is not implemented yet: counting (000 §4-6) arrives with its issue, "
-               "DRed for recursive views (000 §7) after it",
-               "a refresh recomputes the view from the new base snapshot when its inputs changed"]
+    algorithm, reasons = choose(program, strata, config, view)
     return Explanation(
         view=view,
         language=config.views[view].language,
@@ -99,13 +99,41 @@ def explain(program: Program, strata: Strata, config: ProjectConfig, view: str) 
         views=sorted(p for p in upstream if program.predicates[p].kind == "view"),
         auxiliary=own,
         rules=[str(r) for p in rule_preds for r in program.rules_for(p)],
-        algorithm="full recompute",
+        algorithm=algorithm,
         reasons=reasons,
         key_based=_key_based(program, view),
         delta_rules=[{"rule": str(d), "sql": d.sql(program)}
                      for p in rule_preds for r in program.rules_for(p) for d in delta_rules(r)],
         key_based_rules=[{"name": r.name, "when": r.when, "sql": r.sql} for r in derived_rules(program, view)],
     )
+
+
+def choose(program: Program, strata: Strata, config: ProjectConfig, view: str) -> tuple[str, list[str]]:
+    """The algorithm that maintains ``view`` and why (DESIGN.md §5)."""
+    if config.views[view].mode == "full":
+        return "full recompute", ["the view is configured with mode: full: every refresh that changes an input "
+                                  "recomputes it from the new snapshot"]
+    preds = view_predicates(program, strata, view)
+    reasons = ["nonrecursive: maintained by the counting algorithm (000 Algorithm 4.1): the delta rules below, "
+               "new states before the Δ subgoal and old ones after it; each stored tuple keeps its number of "
+               "derivations in __count, so deletions need no rederivation",
+               "a full recompute happens only on the first materialization, after the definition changes, with "
+               "--mode full, or when a view it reads was recomputed in the same run"]
+    sets = [p for p in preds if program.predicates[p].semantics == "set"]
+    if sets:
+        reasons.append(f"set semantics ({', '.join(sets)}): derivation counts are kept, but only changes of the "
+                       "set propagate upward (000 Algorithm 4.1 statement (2), §5.1)")
+    rules = [r for p in preds for r in program.rules_for(p)]
+    if any(isinstance(i, Literal) and i.negated for r in rules for i in r.body):
+        reasons.append("negation (NOT EXISTS, NOT IN, EXCEPT, outer-join padding): Δ(¬q) by 000 Definition 6.1, "
+                       "anti-joins against Qᵛ before the Δ subgoal and Q after it (Lemma 6.1)")
+    for p in preds:
+        for name, _, g in groupby_subgoals(program, p):
+            reasons.append(f"aggregation ({g}): 000 Algorithm 6.1 with the stored state {name}:")
+            reasons += [f"  {describe(a)}" for a in g.aggregates]
+    if any(isinstance(i, SetOf) for r in rules for i in r.body):
+        reasons.append("setof (001): each group touched by the delta is rebuilt from the old and new input")
+    return "counting", reasons
 
 
 def _key_based(program: Program, view: str) -> dict:

@@ -223,7 +223,8 @@ class Project:
 
     def compact(self, relations: Iterable[str] | None = None, force: bool = False,
                 progress: Progress = lambda _: None) -> list[compaction.Compaction]:
-        names = list(relations) if relations is not None else list(self.config.tables)
+        names = list(relations) if relations is not None else [
+            *self.config.tables, *(r for v in self.config.views for r in self.stored_relations(v))]
         return compaction.compact(self, names, force=force, progress=progress)
 
     def gc(self) -> gc.GcResult:
@@ -237,8 +238,7 @@ class Project:
     def read_zset(self, name: str) -> DataFrame:
         """The relation's current version consolidated: its columns plus ``__count`` (for a view, the
         number of derivations)."""
-        if name not in self.config.tables and name not in self.config.views:
-            raise NotFoundError(f"unknown table or view {name!r}")
+        self.schema(name)  # raises NotFoundError for an unknown name
         state = self.catalog.state(name)
         if name in self.config.views and state.version_id is None:
             raise NotFoundError(f"view {name} has not been materialized yet; run `ivm refresh`")
@@ -246,6 +246,15 @@ class Project:
         if len(state.layers) == 1 and state.base is not None:
             return layers  # a base layer alone is consolidated already
         return consolidate(layers)
+
+    def last_delta(self, name: str) -> DataFrame | None:
+        """What the newest version of a relation changed, as a Z-set (+n inserted, -n deleted tuples):
+        its last delta layer; None when the newest version is a base layer (a load, a full recompute,
+        a compaction)."""
+        state = self.catalog.state(name)
+        if not state.layers or state.layers[-1].kind != "delta":
+            return None
+        return self.warehouse.read_layers(self.spark, [state.layers[-1].path], self.schema(name))
 
     def read(self, name: str) -> DataFrame:
         """The relation as SQL returns it: bag rows repeated, set rows once, no ``__count``."""

@@ -40,9 +40,13 @@ def row_struct(columns: Sequence[str]) -> Column:
 
 
 def restrict(df: DataFrame, keys: DataFrame, columns: Sequence[str]) -> DataFrame:
-    """The tuples of ``df`` whose ``columns`` occur in ``keys`` (a semi-join, null-safe)."""
-    cond = reduce(lambda a, b: a & b, [df[f"`{c}`"].eqNullSafe(keys[f"`{c}`"]) for c in columns])
-    return df.join(keys, cond, "left_semi")
+    """The tuples of ``df`` whose ``columns`` occur in ``keys`` (a semi-join, null-safe); with no
+    columns, all of ``df`` if ``keys`` has a row, else none."""
+    if not columns:
+        return df.join(keys.select(F.lit(1).alias("__k")).limit(1), how="left_semi")
+    renamed = keys.select(*[F.col(f"`{c}`").alias(f"__k{i}") for i, c in enumerate(columns)])
+    cond = reduce(lambda a, b: a & b, [df[f"`{c}`"].eqNullSafe(renamed[f"__k{i}"]) for i, c in enumerate(columns)])
+    return df.join(renamed, cond, "left_semi")
 
 
 def expand(df: DataFrame) -> DataFrame:

@@ -165,7 +165,8 @@ def spark_views(spark, data) -> dict[str, Counter]:
     return out
 
 
-def duckdb_views(data) -> dict[str, Counter]:
+def duckdb_views(data, extra: dict[str, str] | None = None) -> dict[str, Counter]:
+    """Every library view (and ``extra`` ones: name -> SQL) evaluated by DuckDB over ``data``."""
     con = duckdb.connect()
     types = {"int": "INTEGER", "string": "VARCHAR"}
     for name, table in TABLES.items():
@@ -180,6 +181,8 @@ def duckdb_views(data) -> dict[str, Counter]:
         cols = PROGRAM.predicates[view].columns
         con.execute(f"CREATE VIEW {view} ({', '.join(cols)}) AS {sql}")
         out[view] = rows(con.execute(f"SELECT * FROM {view}").fetchall())
+    for view, sql in (extra or {}).items():
+        out[view] = rows(con.execute(sql).fetchall())
     return out
 
 

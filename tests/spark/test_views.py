@@ -71,15 +71,15 @@ def test_views_follow_the_base_tables(project, tmp_path):
     project.append("link", write(tmp_path / "c1.jsonl", [
         {"src": "d", "dst": "a", "_change_type": "delete"}, {"src": "c", "dst": "e", "_change_type": "insert"}]))
     second = project.refresh()
-    # only the views that read link are recomputed; pages keeps its version
+    # only the views that read link are maintained, by counting; pages keeps its version
     assert sorted(v.view for v in second.views) == ["dead_end", "fan", "hop", "shop"]
-    assert {v.reason for v in second.views} == {"inputs changed: link"}
+    assert {v.reason for v in second.views} == {"counting (000 §4-6): inputs changed: link"}
     assert_views_match(project)
     watermarks = project.catalog.watermarks()
     assert watermarks[("hop", "link")] == 1 and watermarks[("pages", "visit")] == 0
     run = project.catalog.run(second.run_id)
     assert {(s.stage, s.relation, s.mode) for s in run.stages if s.stage == "maintain"} == {
-        ("maintain", v, "full") for v in ["dead_end", "fan", "hop", "shop"]}
+        ("maintain", v, "incremental") for v in ["dead_end", "fan", "hop", "shop"]}
     assert project.refresh().status == "noop"
     # changes that cancel out move the watermarks and leave the views' versions alone
     versions = {v: project.catalog.state(v).version for v in VIEWS}
@@ -102,7 +102,8 @@ def test_bad_changes_leave_views_untouched(project, tmp_path):
 
 
 def test_modes_and_named_views(project, tmp_path):
-    with pytest.raises(ConfigError, match="views.hop: incremental maintenance is not available yet"):
+    with pytest.raises(ConfigError, match=r"views.hop: cannot be maintained incrementally in this run "
+                                          r"\(first materialization\)"):
         project.refresh(mode="incremental")
     assert project.catalog.state("hop").version == 0
     result = project.refresh(["fan"])
@@ -129,10 +130,12 @@ def test_explain_and_show_from_the_command_line(project, capsys):
     assert main(["explain", "hop", "--project", path]) == 0
     text = capsys.readouterr().out
     assert "view hop (datalog, set semantics): x, y" in text
-    assert "hop(X, Y) :- link(X, Z), link(Z, Y)." in text and "maintenance: full recompute" in text
+    assert "hop(X, Y) :- link(X, Z), link(Z, Y)." in text and "maintenance: counting" in text
+    assert "only changes of the set propagate upward (000 Algorithm 4.1 statement (2)" in text
     assert main(["explain", "fan", "--format", "json", "--project", path]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["stratum"] == 2 and doc["tables"] == ["link"] and doc["algorithm"] == "full recompute"
+    assert doc["stratum"] == 2 and doc["tables"] == ["link"] and doc["algorithm"] == "counting"
+    assert any("000 Algorithm 6.1 with the stored state fan__agg0_0" in r for r in doc["reasons"])
     assert main(["show", "shop", "--format", "csv", "--project", path]) == 0
     assert capsys.readouterr().out == "src,dst\na,c\na,d\nb,a\nb,d\nc,a\nd,b\n"
     assert project.register_temp_views() == ["link", "visit", *VIEWS]

@@ -204,17 +204,22 @@ class Counting:
         rows = self.states.new(pred) if state == NEW else self.states.old(pred)
         return as_used(p, consolidate(rows)) if p.semantics == "set" else rows
 
-    def rows(self, atom: Atom, state: str, groups: DataFrame | None = None,
-             group_vars: list[str] | None = None) -> DataFrame:
-        """The atom's rows (variables + ``__count``) at ``state``, consolidated with positive counts,
-        restricted to the tuples whose ``group_vars`` occur in ``groups`` (before consolidating)."""
+    def source(self, atom: Atom, state: str, groups: DataFrame | None = None,
+               group_vars: list[str] | None = None) -> DataFrame:
+        """The atom's predicate at ``state`` as used, consolidated (positive counts), restricted before
+        consolidating to the tuples whose ``group_vars`` occur in ``groups``."""
         p = self.program.predicates[atom.pred]
         raw = self.states.new(atom.pred) if state == NEW else self.states.old(atom.pred)
         if groups is not None and group_vars:
             position = {a.name: c for c, a in zip(p.columns, atom.args, strict=True) if isinstance(a, Var)}
             keys = groups.select(*[F.col(_q(v)).alias(position[v]) for v in group_vars])
             raw = restrict(raw, keys, [position[v] for v in group_vars])
-        return consolidate(self.ev.atom(atom, as_used(p, consolidate(raw))))
+        return as_used(p, consolidate(raw))
+
+    def rows(self, atom: Atom, state: str, groups: DataFrame | None = None,
+             group_vars: list[str] | None = None) -> DataFrame:
+        """Like ``source``, as the atom's variables + ``__count``."""
+        return consolidate(self.ev.atom(atom, self.source(atom, state, groups, group_vars)))
 
     # -- Algorithm 4.1 --------------------------------------------------------------------------------
 
@@ -244,10 +249,9 @@ class Counting:
             if isinstance(item, GroupBy):
                 if state == DELTA:
                     return self.groupby_delta(f"{pred}__agg{r}_{j}", item)
-                return self.ev.groupby(item, self.rows_as_used(item.atom.pred, state))
+                return self.ev.groupby(item, self.source(item.atom, state))
             assert isinstance(item, SetOf)
-            return self.setof_delta(item) if state == DELTA else self.ev.setof(
-                item, self.rows_as_used(item.atom.pred, state))
+            return self.setof_delta(item) if state == DELTA else self.ev.setof(item, self.source(item.atom, state))
 
         def absent(j: int, item: Literal, df: DataFrame) -> DataFrame:
             # 000 §6.1 cases 1 and 2: Q̄ from the old Q after the Δ subgoal, from Qᵛ before it
@@ -259,11 +263,6 @@ class Counting:
             return anti_join(df, consolidate(q).where(F.col(C) > 0), item.null_safe)
 
         return self.ev.rule(d.rule, subgoal, absent, first=i)
-
-    def rows_as_used(self, pred: str, state: str) -> DataFrame:
-        """The predicate at ``state`` as used, consolidated (GROUPBY and setof need one row per tuple)."""
-        used = self.used(pred, state)
-        return used if self.program.predicates[pred].semantics == "set" else consolidate(used)
 
     def negation_delta(self, atom: Atom) -> DataFrame:
         """000 Definition 6.1: Δ(Q̄) = +1 for tuples of Δ(Q) not in Q ⊎ Δ(Q), -1 for those not in Q."""
@@ -300,10 +299,8 @@ class Counting:
         group = [v.name for v in s.group()]
         touched = self.ev.atom(s.atom, self.used_delta[s.atom.pred]).select(*[F.col(_q(v)) for v in group]).distinct() \
             if group else None
-        before = self.ev.setof(s, self.rows(s.atom, OLD, touched, group) if group else self.rows_as_used(s.atom.pred,
-                                                                                                          OLD))
-        after = self.ev.setof(s, self.rows(s.atom, NEW, touched, group) if group else self.rows_as_used(s.atom.pred,
-                                                                                                         NEW))
+        before = self.ev.setof(s, self.source(s.atom, OLD, touched, group))
+        after = self.ev.setof(s, self.source(s.atom, NEW, touched, group))
         return consolidate(after.unionByName(before.withColumn(C, -F.col(C))))
 
 

@@ -14,8 +14,12 @@ decomposed into incrementally computable functions"):
     MIN(x), MAX(x)                   n, m (the current extreme)
     COUNT/SUM/AVG(DISTINCT x)        n, s over the distinct values, from an auxiliary relation of
                                      counts per (group, x): a value counts while its count is positive
-    anything else (percentiles,      v, the value itself: "not incrementally computable" (§6.2), so it
-    mode, user-defined aggregates)   is recomputed from Uᵛ for the touched groups only
+    anything else (percentiles,      nothing: "not incrementally computable" (§6.2), so the touched
+    mode, user-defined aggregates)   groups are recomputed from Uᵛ
+
+Each state row also holds T's values (one column per aggregate, named by its variable) as they were
+emitted, so the (T_ȳ, -1) of a later refresh cancels that tuple exactly, whatever the floating-point
+rounding of an incremental formula.
 
 MIN and MAX are incremental on insertion (the new extreme is the least of the old one and the inserted
 values); a group is recomputed from Uᵛ only when a deleted value is at or beyond its current extreme.
@@ -66,7 +70,7 @@ def kind(a: Aggregate) -> str:
 
 def describe(a: Aggregate) -> str:
     """One line for `ivm explain`: how Algorithm 6.1 computes this aggregate's new value."""
-    return {
+    how = {
         "star": "COUNT(*) from the stored row count",
         "count": "from the stored count of non-NULL values",
         "sum": "from the stored sum and count",
@@ -76,7 +80,8 @@ def describe(a: Aggregate) -> str:
         "max": "incremental on insert; the group is recomputed when its current maximum is deleted",
         "distinct": "from an auxiliary count per (group, value): a value counts while its count is positive",
         "recompute": "not incrementally computable: recomputed from the new input for the touched groups",
-    }[kind(a)].join([f"{a.call()}: ", ""])
+    }[kind(a)]
+    return f"{a.call()}: {how}"
 
 
 @dataclass
@@ -115,7 +120,6 @@ class GroupByState:
         """The state of every group from U's consolidated rows (variables + ``__count``, all positive)."""
         cols: list[Column] = [F.coalesce(F.sum(C), F.lit(0)).cast("long").alias(ROWS)]
         plain = expand(rows)
-        needs_plain = False
         for a in self.aggregates:
             k, v, x = kind(a), a.var.name, self.arg(a) if a.arg is not None else None
             if k in ("count", "sum", "avg", "variance", "min", "max"):
@@ -128,23 +132,19 @@ class GroupByState:
                 cols += [F.sum(d * F.col(C)).alias(f"{v}__s"), F.sum(d * d * F.col(C)).alias(f"{v}__q")]
             if k in ("min", "max"):
                 cols.append((F.min(x) if k == "min" else F.max(x)).alias(f"{v}__m"))
-            if k in ("distinct", "recompute"):
-                needs_plain = True
         state = rows.groupBy(*[F.col(_q(b)) for b in self.by]).agg(*cols) if self.by else rows.agg(*cols)
-        if needs_plain:  # DISTINCT and non-decomposable aggregates over the bag itself
-            extra = []
-            for a in self.aggregates:
-                if kind(a) == "distinct":
-                    x = self.arg(a)
-                    extra += [F.count_distinct(x).cast("long").alias(f"{a.var.name}__n")]
-                    if a.func != "count":
-                        extra.append(F.sum_distinct(x).alias(f"{a.var.name}__s"))
-                elif kind(a) == "recompute":
-                    extra.append(F.expr(a.call()).alias(f"{a.var.name}__v"))
-            grouped = (plain.groupBy(*[F.col(_q(b)) for b in self.by]).agg(*extra) if self.by
-                       else plain.agg(*extra))
-            state = (state.join(grouped, _on(state, grouped, self.by), "left").drop(*[grouped[_q(b)] for b in self.by])
-                     if self.by else state.crossJoin(grouped))
+        # T's values as the full evaluation computes them (Spark's own aggregates over the bag), kept in
+        # the state so that a later (T_ȳ, -1) cancels exactly the tuple emitted now; and the DISTINCT
+        # decompositions, over the bag too
+        extra = [F.expr(a.call()).alias(a.var.name) for a in self.aggregates]
+        for a in self.aggregates:
+            if kind(a) == "distinct":
+                x = self.arg(a)
+                extra += [F.count_distinct(x).cast("long").alias(f"{a.var.name}__n")]
+                if a.func != "count":
+                    extra.append(F.sum_distinct(x).alias(f"{a.var.name}__s"))
+        grouped = plain.groupBy(*[F.col(_q(b)) for b in self.by]).agg(*extra) if self.by else plain.agg(*extra)
+        state = _join_groups(state, grouped, self.by, "left") if self.by else state.crossJoin(grouped)
         return state.select(*[F.col(_q(b)) for b in self.by], *[F.col(_q(c)) for c in self.columns()],
                             F.lit(1).cast("long").alias(C))
 
@@ -153,7 +153,7 @@ class GroupByState:
         out = [ROWS]
         for a in self.aggregates:
             out += [f"{a.var.name}__{part}" for part in _PARTS[kind(a)](a)]
-        return out
+        return out + [a.var.name for a in self.aggregates]
 
     def schema(self, empty_rows: DataFrame) -> StructType:
         """The state relation's columns and types (Spark analyses the plan over empty input; no job)."""
@@ -174,11 +174,7 @@ class GroupByState:
         partial = self._partial(delta_rows)
         for var, change in distinct_changes.items():
             part = self._distinct_partial(var, change)
-            partial = (partial.join(part, _on(partial, part, by), "full")
-                       .select(*[F.coalesce(partial[_q(b)], part[_q(b)]).alias(b) for b in by],
-                               *[partial[_q(c)] for c in partial.columns if c not in by],
-                               *[part[_q(c)] for c in part.columns if c not in by])
-                       if by else partial.crossJoin(part))
+            partial = _join_groups(partial, part, by, "full") if by else partial.crossJoin(part)
         groups = partial.select(*[F.col(_q(b)) for b in by]) if by else None
         old = old_state if groups is None else restrict(old_state, groups, by)
         old = consolidate(old).where(F.col(C) > 0).drop(C)
@@ -186,8 +182,12 @@ class GroupByState:
         o = old.select(*[F.col(_q(c)).alias(f"o__{c}") for c in old.columns])
         joined = (p.join(o, reduce(lambda x, y: x & y, [p[_q(b)].eqNullSafe(o[_q(f"o__{b}")]) for b in by]), "left")
                   if by else p.join(o, F.lit(True), "left"))
-        merged = joined.select(*[F.col(_q(b)) for b in by], *self._merge(schema), self._must_recompute()
-                               .alias("__recompute"))
+        merged = joined.select(*[F.col(_q(b)) for b in by], *self._merge(schema),
+                               *[F.col(_q(f"o__{a.var.name}")).alias(a.var.name) for a in self.aggregates
+                                 if kind(a) == "recompute"],  # replaced: the group is recomputed
+                               self._must_recompute().alias("__recompute"))
+        merged = merged.select("*", *[self._value(a).alias(a.var.name) for a in self.aggregates
+                                      if kind(a) != "recompute"])
         keep = [F.col(_q(f.name)) for f in schema.fields]
         incremental = merged.where(~F.col("__recompute")).select(*keep)
         flagged = merged.where(F.col("__recompute"))
@@ -196,7 +196,7 @@ class GroupByState:
         else:  # the one global group: recomputed over the whole new input, only if flagged
             recomputed = (self.full(new_rows(None)).drop(C)
                           .crossJoin(flagged.select(F.lit(1).alias("__f")).limit(1)).drop("__f"))
-        new = incremental.unionByName(recomputed.select(*[F.col(_q(f.name)).cast(f.dataType) for f in schema.fields]))
+        new = incremental.unionByName(recomputed.select(*keep))
         if by:  # a group with no rows left is gone; the global aggregate keeps its row (SQL)
             new = new.where(F.col(ROWS) > 0)
         return consolidate(new.withColumn(C, F.lit(1).cast("long"))
@@ -254,9 +254,10 @@ class GroupByState:
                 cols[f"{v}__n"] = add(f"o__{v}__n", f"p__{v}__dn")
                 if a.func != "count":
                     cols[f"{v}__s"] = add(f"o__{v}__s", f"p__{v}__ds")
-            if k == "recompute":
-                cols[f"{v}__v"] = F.col(f"o__{v}__v")
-        return [expr.cast(types[name]).alias(name) for name, expr in cols.items()]
+        # sums and counts keep the state's types; extremes and recomputed values keep their own (a cast
+        # of an array read from Parquet to the plan's type would fail on element nullability alone)
+        return [(expr if name.endswith("__m") else expr.cast(types[name])).alias(name)
+                for name, expr in cols.items()]
 
     def _must_recompute(self) -> Column:
         """A group is recomputed from Uᵛ when it has a non-decomposable aggregate, or a deleted value at
@@ -274,41 +275,46 @@ class GroupByState:
 
     # -- T from the state ----------------------------------------------------------------------------------
 
+    def _value(self, a: Aggregate) -> Column:
+        """T's value of a decomposable aggregate from the decomposed functions of a state row."""
+        k, v = kind(a), a.var.name
+        n, s, q = F.col(f"{v}__n"), F.col(f"{v}__s"), F.col(f"{v}__q")
+        if k == "star":
+            value = F.col(ROWS)
+        elif k == "count" or (k == "distinct" and a.func == "count"):
+            value = n
+        elif k == "sum" or (k == "distinct" and a.func == "sum"):
+            value = F.when(n > 0, s)
+        elif k == "avg" or k == "distinct":
+            value = F.when(n > 0, s / n)
+        elif k == "variance":
+            m2 = F.greatest(q - s * s / n, F.lit(0.0))
+            samp = a.func in ("var_samp", "variance", "stddev", "stddev_samp", "std")
+            var = F.when(n > 1, m2 / (n - 1)) if samp else F.when(n > 0, m2 / n)
+            value = F.sqrt(var) if a.func.startswith("std") else var
+        else:  # min, max: the extreme itself, in its own type
+            return F.col(f"{v}__m")
+        return value.cast(self.out_types[v])
+
     def finalize(self, state: DataFrame) -> DataFrame:
         """T: the grouping variables and each aggregate's value, from state rows (counts kept)."""
-        cols = [F.col(_q(b)) for b in self.by]
-        for a in self.aggregates:
-            k, v = kind(a), a.var.name
-            n, s, q = F.col(f"{v}__n"), F.col(f"{v}__s"), F.col(f"{v}__q")
-            if k == "star":
-                value = F.col(ROWS)
-            elif k == "count" or (k == "distinct" and a.func == "count"):
-                value = n
-            elif k == "sum" or (k == "distinct" and a.func == "sum"):
-                value = F.when(n > 0, s)
-            elif k == "avg" or k == "distinct":
-                value = F.when(n > 0, s / n)
-            elif k == "variance":
-                m2 = F.greatest(q - s * s / n, F.lit(0.0))
-                samp = a.func in ("var_samp", "variance", "stddev", "stddev_samp", "std")
-                var = F.when(n > 1, m2 / (n - 1)) if samp else F.when(n > 0, m2 / n)
-                value = F.sqrt(var) if a.func.startswith("std") else var
-            elif k in ("min", "max"):
-                value = F.col(f"{v}__m")
-            else:
-                value = F.col(f"{v}__v")
-            cols.append(value.cast(self.out_types[v]).alias(v))
-        return state.select(*cols, F.col(C))
+        return state.select(*[F.col(_q(b)) for b in self.by], *[F.col(_q(a.var.name)) for a in self.aggregates],
+                            F.col(C))
 
 
 #: the decomposed functions stored per aggregate kind (see the module docstring)
 _PARTS: dict[str, Callable[[Aggregate], tuple[str, ...]]] = {
     "star": lambda a: (), "count": lambda a: ("n",), "sum": lambda a: ("n", "s"), "avg": lambda a: ("n", "s"),
     "variance": lambda a: ("n", "s", "q"), "min": lambda a: ("n", "m"), "max": lambda a: ("n", "m"),
-    "distinct": lambda a: ("n",) if a.func == "count" else ("n", "s"), "recompute": lambda a: ("v",),
+    "distinct": lambda a: ("n",) if a.func == "count" else ("n", "s"), "recompute": lambda a: (),
 }
 
 
-def _on(left: DataFrame, right: DataFrame, by: list[str]) -> Column:
-    """Null-safe equality on the grouping columns: GROUP BY puts NULLs in one group."""
-    return reduce(lambda x, y: x & y, [left[_q(b)].eqNullSafe(right[_q(b)]) for b in by])
+def _join_groups(left: DataFrame, right: DataFrame, by: list[str], how: str) -> DataFrame:
+    """Join two per-group frames on the grouping columns, null-safely (GROUP BY puts NULLs in one
+    group); the right side's grouping columns are renamed first, as both sides may share lineage."""
+    r = right.select(*[F.col(_q(c)).alias(f"__r_{c}") if c in by else F.col(_q(c)) for c in right.columns])
+    cond = reduce(lambda x, y: x & y, [left[_q(b)].eqNullSafe(r[_q(f"__r_{b}")]) for b in by])
+    keys = [F.coalesce(left[_q(b)], r[_q(f"__r_{b}")]).alias(b) if how == "full" else left[_q(b)] for b in by]
+    return left.join(r, cond, how).select(*keys, *[left[_q(c)] for c in left.columns if c not in by],
+                                          *[r[_q(c)] for c in r.columns if c not in by and not c.startswith("__r_")])

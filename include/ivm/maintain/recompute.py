@@ -149,12 +149,15 @@ class Evaluator:
         order = list(range(len(rule.body)))
         if first is not None:
             order = [first] + [i for i in order if i != first]
+        # set operators compare whole tuples with NULLs equal: the rule's joins are all null-safe then,
+        # whichever side the joins start from
+        null_safe = any(isinstance(i, Literal) and i.null_safe for i in rule.body)
         for i in order:
             item = rule.body[i]
             if isinstance(item, Literal | GroupBy | SetOf):
                 right = subgoal(i, item)
                 if right is not None:
-                    df = _join(df, right, isinstance(item, Literal) and item.null_safe)
+                    df = _join(df, right, null_safe and isinstance(item, Literal))
                     joined.add(i)
         if df is None:  # a rule of conditions only: one empty tuple
             df = self._unit()
@@ -165,7 +168,7 @@ class Evaluator:
             if not ready:
                 raise ConfigError(f"rule `{rule}`: assignments depend on each other")
             for a in ready:
-                df = df.withColumn(a.var.name, F.expr(str(a.expr))) if isinstance(a, Assign) else _unnest(df, a)
+                df = _assign(df, a) if isinstance(a, Assign) else _unnest(df, a)
                 pending.remove(a)
         for item in rule.body:
             if isinstance(item, Condition):
@@ -182,11 +185,24 @@ class Evaluator:
         return any_rel.sparkSession.range(1).select(F.lit(1).cast("long").alias(C))
 
 
+def _assign(df: DataFrame, a: Assign) -> DataFrame:
+    """``X = expr``: a new column; if a subgoal joined earlier bound X already (a delta rule may start
+    from a Δ(¬q) subgoal over X), the assignment is an equality test instead (SQL =)."""
+    if a.var.name in df.columns:
+        return df.where(F.col(_q(a.var.name)) == F.expr(str(a.expr)))
+    return df.withColumn(a.var.name, F.expr(str(a.expr)))
+
+
 def _unnest(df: DataFrame, u: Unnest) -> DataFrame:
-    """002 §2.2's extraction: one row per element, the row's count kept (each element a derivation)."""
+    """002 §2.2's extraction: one row per element, the row's count kept (each element a derivation).
+    Elements already bound by an earlier join are compared with the extracted ones (SQL =)."""
     generator = f"{u.kind}{'_outer' if u.outer else ''}({u.array})"
-    names = ", ".join(_q(v.name) for v in u.elements)
-    return df.selectExpr("*", f"{generator} AS ({names})")
+    bound = [v.name for v in u.elements if v.name in df.columns]
+    names = ", ".join(_q(f"__u_{v.name}" if v.name in bound else v.name) for v in u.elements)
+    out = df.selectExpr("*", f"{generator} AS ({names})")
+    for v in bound:
+        out = out.where(F.col(_q(v)) == F.col(_q(f"__u_{v}"))).drop(f"__u_{v}")
+    return out
 
 
 def _head_column(arg, name: str):
