@@ -312,6 +312,7 @@ def refresh(project: Project, progress: Progress = lambda _: None, views: list[s
     except BaseException as e:
         catalog.finish_run(p.run_id, "failed", one_line(e))
         raise
+    project.warehouse.delete(project.warehouse.path("staging", p.run_id))  # the run's set changes
     result = RefreshResult(p.run_id, "succeeded", p.snapshot, p.tables, time.perf_counter() - started, p.views)
     grown = [t.table for t in p.tables] + [r for v in p.views if v.mode == "incremental" for r in v.layers]
     result.compacted = [c.relation for c in project.compact(grown, progress=progress)]
