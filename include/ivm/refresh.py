@@ -207,13 +207,13 @@ def maintain_views(project: Project, run_id: str, p: Plan, progress: Progress) -
     program, strata = project.program
     written: dict[str, WrittenLayer] = {}
 
-    def write_delta(name: str, df) -> str | None:
+    def write_delta(name: str, df) -> tuple[str, int] | None:
         layer = project.warehouse.write_layer(df, name, "delta", run_id=run_id)
         if layer.rows == 0:  # nothing changed: no empty layer
             project.warehouse.delete(layer.path)
             return None
         written[name] = layer
-        return layer.path
+        return layer.path, layer.bytes or 0
 
     def stage(name: str, df) -> str | None:
         path = project.warehouse.path("staging", run_id, name)
@@ -231,7 +231,7 @@ def maintain_views(project: Project, run_id: str, p: Plan, progress: Progress) -
     counting = Counting(program, strata, states, project.groupby_states, project.schema)
     for t in p.tables:
         if t.layer:
-            states.delta_paths[t.table] = t.layer.path
+            states.delta_paths[t.table], states.delta_bytes[t.table] = t.layer.path, t.layer.bytes or 0
             counting.note_delta(t.table, states.delta(t.table))
     full = Evaluator(program, strata, {})
     for work in p.views:

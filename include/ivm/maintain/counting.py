@@ -46,6 +46,9 @@ from ivm.zset import consolidate, restrict, union_all
 
 log = logging.getLogger(__name__)
 C = COUNT_COLUMN
+#: a delta layer up to this size (Parquet bytes) is broadcast into the joins of its delta rules, so the
+#: large relations it joins are scanned once and never shuffled
+BROADCAST_BYTES = 64 * 2**20
 
 
 def _q(name: str) -> str:
@@ -116,11 +119,13 @@ class RunStates:
     """Relations as one refresh sees them: the published layers (the old state), and what this run
     wrote: a delta layer (Pᵛ = P ⊎ Δ(P)) or, for a full recompute, a new base layer."""
 
-    read: Callable[[str, list[str]], DataFrame]         # (relation, layer paths) -> Z-set
-    write_delta: Callable[[str, DataFrame], str | None]  # (relation, Δ) -> layer path, None when empty
-    stage: Callable[[str, DataFrame], str | None]        # (name, frame) -> staging path, None when empty
+    read: Callable[[str, list[str]], DataFrame]                      # (relation, layer paths) -> Z-set
+    write_delta: Callable[[str, DataFrame], tuple[str, int] | None]  # (relation, Δ) -> (path, bytes) or None
+    stage: Callable[[str, DataFrame], str | None]                     # (name, frame) -> staging path or None
     old_paths: dict[str, list[str]] = field(default_factory=dict)
     delta_paths: dict[str, str] = field(default_factory=dict)
+    #: bytes of each delta layer: small ones are broadcast into the joins of the delta rules
+    delta_bytes: dict[str, int] = field(default_factory=dict)
     replaced: dict[str, str] = field(default_factory=dict)
 
     def old(self, name: str) -> DataFrame:
@@ -137,11 +142,11 @@ class RunStates:
 
     def put_delta(self, name: str, df: DataFrame) -> DataFrame | None:
         """Write Δ(name) as a delta layer and read it back (a materialized, reusable plan)."""
-        path = self.write_delta(name, df)
-        if path is None:
+        written = self.write_delta(name, df)
+        if written is None:
             return None
-        self.delta_paths[name] = path
-        return self.read(name, [path])
+        self.delta_paths[name], self.delta_bytes[name] = written
+        return self.read(name, [written[0]])
 
 
 def presence_change(old_rows: DataFrame, delta_rows: DataFrame, columns: list[str]) -> DataFrame:
@@ -245,7 +250,9 @@ class Counting:
             if isinstance(item, Literal):
                 if item.negated:  # Definition 6.1 in Δ position, else an anti-join (below)
                     return self.negation_delta(item.atom) if state == DELTA else None
-                return self.ev.atom(item.atom, self.used(item.atom.pred, state))
+                rows = self.ev.atom(item.atom, self.used(item.atom.pred, state))
+                small = self.states.delta_bytes.get(item.atom.pred, BROADCAST_BYTES + 1) <= BROADCAST_BYTES
+                return F.broadcast(rows) if state == DELTA and small else rows
             if isinstance(item, GroupBy):
                 if state == DELTA:
                     return self.groupby_delta(f"{pred}__agg{r}_{j}", item)
