@@ -111,9 +111,6 @@ class GroupByState:
     def distinct_name(self, var: str) -> str:
         return f"{self.name}__d_{var}"
 
-    def needs_recompute(self) -> bool:
-        return any(kind(a) == "recompute" for a in self.aggregates)
-
     # -- full computation -----------------------------------------------------------------------------
 
     def full(self, rows: DataFrame) -> DataFrame:
