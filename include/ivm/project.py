@@ -85,7 +85,8 @@ class Project:
             rows = empty.atom(st.subgoal.atom)
             out[name] = st.schema(rows)
             for var in st.distinct_args():
-                out[st.distinct_name(var)] = StructType([rows.schema[c] for c in [*st.by, var]])
+                out[st.distinct_name(var)] = StructType([f for f in st.distinct_rows(rows, var).schema.fields
+                                                         if f.name != "__count"])
         return out
 
     def stored_relations(self, view: str) -> list[str]:

@@ -178,10 +178,14 @@ def check(project, state: dict[str, list[tuple]]) -> dict[str, dict]:
     return ours
 
 
+#: change streams: every step runs Spark jobs, so few examples and no shrinking (a failing example is
+#: printed as drawn)
+STREAMS = settings(max_examples=2, deadline=None, suppress_health_check=list(HealthCheck),
+                   phases=(Phase.explicit, Phase.reuse, Phase.generate))
+
+
 @pytest.mark.e2e
-# no shrinking: every step runs Spark jobs, and the failing example is printed as drawn
-@settings(max_examples=2, deadline=None, suppress_health_check=list(HealthCheck),
-          phases=(Phase.explicit, Phase.reuse, Phase.generate))
+@STREAMS
 @given(data=st.data())
 def test_counting_matches_full_recompute_and_duckdb(make_project, tmp_path_factory, data):
     initial = data.draw(st.fixed_dictionaries({t: st.lists(s, max_size=6) for t, s in ROWS.items()}), "initial")
@@ -305,8 +309,7 @@ def keyed_batch(draw, state: dict[str, dict]) -> dict[str, list[tuple[str, tuple
 
 
 @pytest.mark.e2e
-@settings(max_examples=2, deadline=None, suppress_health_check=list(HealthCheck),
-          phases=(Phase.explicit, Phase.reuse, Phase.generate))
+@STREAMS
 @given(data=st.data())
 def test_counting_on_keyed_tables_with_updates(make_project, tmp_path_factory, data):
     """Keyed tables: updates arrive as preimage/postimage pairs of one key; each view after each

@@ -106,9 +106,7 @@ def materialize(ev: Evaluator, states: dict[str, GroupByState], view: str):
             rows = ev.atom(g.atom)  # the grouped relation as used: consolidated, positive counts
             yield name, st.full(rows)
             for var in st.distinct_args():
-                cols = [*st.by, var]
-                yield st.distinct_name(var), consolidate(rows.where(F.col(_q(var)).isNotNull())
-                                                         .select(*[F.col(_q(c)) for c in cols], F.col(C)), cols)
+                yield st.distinct_name(var), st.distinct_rows(rows, var)
 
 
 # -- a run's view of the stored relations ------------------------------------------------------------------
@@ -287,12 +285,10 @@ class Counting:
         delta_rows = consolidate(self.ev.atom(g.atom, self.used_delta[g.atom.pred]))
         changes = {}
         for var in st.distinct_args():  # the (group, value) counts behind COUNT/SUM/AVG(DISTINCT x)
-            cols = [*st.by, var]
             dname = st.distinct_name(var)
-            dd = self.states.put_delta(dname, consolidate(delta_rows.where(F.col(_q(var)).isNotNull())
-                                                          .select(*[F.col(_q(c)) for c in cols], F.col(C)), cols))
+            dd = self.states.put_delta(dname, st.distinct_rows(delta_rows, var))
             if dd is not None:
-                changes[var] = presence_change(self.states.old(dname), dd, cols)
+                changes[var] = presence_change(self.states.old(dname), dd, [*st.by, var])
 
         def new_rows(groups: DataFrame | None) -> DataFrame:
             return self.rows(g.atom, NEW, groups, st.by)

@@ -111,25 +111,18 @@ class GroupByState:
     def distinct_name(self, var: str) -> str:
         return f"{self.name}__d_{var}"
 
+    def distinct_rows(self, rows: DataFrame, var: str) -> DataFrame:
+        """The (group, value) counts of ``var``'s non-NULL values behind a DISTINCT aggregate."""
+        cols = [*self.by, var]
+        return consolidate(rows.where(F.col(_q(var)).isNotNull()).select(*[F.col(_q(c)) for c in cols], F.col(C)),
+                           cols)
+
     # -- full computation -----------------------------------------------------------------------------
 
     def full(self, rows: DataFrame) -> DataFrame:
         """The state of every group from U's consolidated rows (variables + ``__count``, all positive)."""
-        cols: list[Column] = [F.coalesce(F.sum(C), F.lit(0)).cast("long").alias(ROWS)]
+        state = self._partial(rows)  # over positive counts: the decomposed functions of every group
         plain = expand(rows)
-        for a in self.aggregates:
-            k, v, x = kind(a), a.var.name, self.arg(a) if a.arg is not None else None
-            if k in ("count", "sum", "avg", "variance", "min", "max"):
-                cols.append(F.coalesce(F.sum(F.when(x.isNotNull(), F.col(C)).otherwise(0)), F.lit(0))
-                            .cast("long").alias(f"{v}__n"))
-            if k in ("sum", "avg"):
-                cols.append(F.sum(x * F.col(C)).alias(f"{v}__s"))
-            if k == "variance":
-                d = x.cast("double")
-                cols += [F.sum(d * F.col(C)).alias(f"{v}__s"), F.sum(d * d * F.col(C)).alias(f"{v}__q")]
-            if k in ("min", "max"):
-                cols.append((F.min(x) if k == "min" else F.max(x)).alias(f"{v}__m"))
-        state = rows.groupBy(*[F.col(_q(b)) for b in self.by]).agg(*cols) if self.by else rows.agg(*cols)
         # T's values as the full evaluation computes them (Spark's own aggregates over the bag), kept in
         # the state so that a later (T_ȳ, -1) cancels exactly the tuple emitted now; and the DISTINCT
         # decompositions, over the bag too
@@ -200,14 +193,16 @@ class GroupByState:
                            .unionByName(old.select(*keep).withColumn(C, F.lit(-1).cast("long"))))
 
     def _partial(self, rows: DataFrame) -> DataFrame:
-        """Per touched group, Δ(U)'s contribution to each decomposed function."""
+        """Per group, the rows' contribution to each decomposed function (Δ(U)'s, or all of U's in
+        ``full``); ``__del`` is the extreme among deleted values (negative counts)."""
         c = F.col(C)
-        cols: list[Column] = [F.sum(c).cast("long").alias(ROWS)]
+        cols: list[Column] = [F.coalesce(F.sum(c), F.lit(0)).cast("long").alias(ROWS)]
         for a in self.aggregates:
             k, v = kind(a), a.var.name
             x = self.arg(a) if a.arg is not None else None
             if k in ("count", "sum", "avg", "variance", "min", "max"):
-                cols.append(F.sum(F.when(x.isNotNull(), c).otherwise(0)).cast("long").alias(f"{v}__n"))
+                cols.append(F.coalesce(F.sum(F.when(x.isNotNull(), c).otherwise(0)), F.lit(0)).cast("long")
+                            .alias(f"{v}__n"))
             if k in ("sum", "avg"):
                 cols.append(F.sum(x * c).alias(f"{v}__s"))
             if k == "variance":
