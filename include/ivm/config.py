@@ -175,6 +175,8 @@ class ViewConfig(_Model):
     validate_: ValidateSettings = Field(default_factory=ValidateSettings, alias="validate")
     mode: Literal["auto", "incremental", "full"] = "auto"
     strategy: Literal["counting", "keyed", "reduce"] | None = None
+    #: rounds a recursive fixpoint (evaluation or a DRed step) may take before the refresh fails
+    max_iterations: int = Field(1000, ge=1)
     #: the file the definition came from, if any (set by the loader)
     source: str | None = None
 

@@ -16,9 +16,10 @@ from ivm.config import ProjectConfig
 from ivm.ir import Literal, Program, SetOf
 from ivm.maintain.counting import groupby_subgoals, view_predicates
 from ivm.maintain.delta_rules import delta_rules
+from ivm.maintain.dred import dred_rules
 from ivm.maintain.groupby import describe
 from ivm.maintain.keyed import derived_rules
-from ivm.stratify import Strata
+from ivm.stratify import Component, Strata
 
 
 @dataclass
@@ -41,6 +42,9 @@ class Explanation:
     delta_rules: list[dict]
     #: 003 §5.4's insert/delete/rematerialize rules, where key-based maintenance applies
     key_based_rules: list[dict]
+    #: the view's recursive components (maintained by DRed, 000 §7) and their Δ⁻/Δʳ/Δ⁺ rules
+    recursive_components: list[list[str]]
+    dred_rules: list[dict]
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -74,6 +78,12 @@ class Explanation:
             for r in self.key_based_rules:
                 lines.append(f"  {r['name']} (when {r['when']}):")
                 lines += ["      " + line for line in r["sql"].splitlines()]
+        for comp in self.recursive_components:
+            lines.append(f"DRed rules for the recursive component {', '.join(comp)} (000 §7; ᵛ is the new state, "
+                         "unmarked subgoals the old one):")
+            for r in self.dred_rules:
+                if r["predicate"] in comp:
+                    lines.append(f"  step {r['step']}: {r['rule']}")
         lines.append("delta rules (000 Definition 4.1; ᵛ is the new state, unmarked subgoals the old one):")
         for d in self.delta_rules:
             lines.append(f"  {d['rule']}")
@@ -87,6 +97,7 @@ def explain(program: Program, strata: Strata, config: ProjectConfig, view: str) 
     own = sorted(p for p, d in program.predicates.items() if d.kind == "aux" and d.owner == view)
     rule_preds = [view, *own]
     component = next(c for c in strata.components if view in c.predicates)
+    components = recursive_components(strata, view_predicates(program, strata, view))
     algorithm, reasons = choose(program, strata, config, view)
     return Explanation(
         view=view,
@@ -103,8 +114,11 @@ def explain(program: Program, strata: Strata, config: ProjectConfig, view: str) 
         reasons=reasons,
         key_based=_key_based(program, view),
         delta_rules=[{"rule": str(d), "sql": d.sql(program)}
-                     for p in rule_preds for r in program.rules_for(p) for d in delta_rules(r)],
+                     for p in rule_preds if not any(p in c.predicates for c in components)
+                     for r in program.rules_for(p) for d in delta_rules(r)],
         key_based_rules=[{"name": r.name, "when": r.when, "sql": r.sql} for r in derived_rules(program, view)],
+        recursive_components=[list(c.predicates) for c in components],
+        dred_rules=[r for c in components for r in dred_rules(program, c)],
     )
 
 
@@ -114,11 +128,21 @@ def choose(program: Program, strata: Strata, config: ProjectConfig, view: str) -
         return "full recompute", ["the view is configured with mode: full: every refresh that changes an input "
                                   "recomputes it from the new snapshot"]
     preds = view_predicates(program, strata, view)
-    reasons = ["nonrecursive: maintained by the counting algorithm (000 Algorithm 4.1): the delta rules below, "
-               "new states before the Δ subgoal and old ones after it; each stored tuple keeps its number of "
-               "derivations in __count, so deletions need no rederivation",
-               "a full recompute happens only on the first materialization, after the definition changes, with "
-               "--mode full, or when a view it reads was recomputed in the same run"]
+    components = recursive_components(strata, preds)
+    reasons = []
+    for c in components:
+        reasons += [f"recursive component {', '.join(c.predicates)}: evaluated semi-naively to its fixpoint (set "
+                    "semantics, each round written and read back) and maintained by DRed (000 §7) in three steps: "
+                    "over-delete with the Δ⁻-rules over the old states, rederive the over-deleted tuples that keep "
+                    "a derivation in the new state (Δʳ-rules), insert with the Δ⁺-rules over the new states, each "
+                    "to a fixpoint (the rules below)"]
+    if len(components) < len(preds):
+        reasons.append(("around the recursion, " if components else "nonrecursive: ")
+                       + "maintained by the counting algorithm (000 Algorithm 4.1): the delta rules below, new states "
+                       "before the Δ subgoal and old ones after it; each stored tuple keeps its number of "
+                       "derivations in __count, so deletions need no rederivation")
+    reasons.append("a full recompute happens only on the first materialization, after the definition changes, with "
+                   "--mode full, or when a view it reads was recomputed in the same run")
     sets = [p for p in preds if program.predicates[p].semantics == "set"]
     if sets:
         reasons.append(f"set semantics ({', '.join(sets)}): derivation counts are kept, but only changes of the "
@@ -133,7 +157,12 @@ def choose(program: Program, strata: Strata, config: ProjectConfig, view: str) -
             reasons += [f"  {describe(a)}" for a in g.aggregates]
     if any(isinstance(i, SetOf) for r in rules for i in r.body):
         reasons.append("setof (001): each group touched by the delta is rebuilt from the old and new input")
-    return "counting", reasons
+    return ("DRed" if len(components) == len(preds) else "DRed + counting") if components else "counting", reasons
+
+
+def recursive_components(strata: Strata, preds: list[str]) -> list[Component]:
+    """The recursive components among a view's predicates."""
+    return [c for c in strata.components if c.recursive and set(c.predicates) & set(preds)]
 
 
 def _key_based(program: Program, view: str) -> dict:

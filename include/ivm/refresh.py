@@ -27,7 +27,7 @@ from ivm.changes.trim import trim
 from ivm.errors import ConfigError, NotFoundError, one_line
 from ivm.maintain.counting import Counting, RunStates, materialize, view_predicates
 from ivm.maintain.recompute import Evaluator
-from ivm.storage import WrittenLayer, new_id
+from ivm.storage import Scratch, WrittenLayer, new_id
 from ivm.zset import consolidate
 
 if TYPE_CHECKING:
@@ -70,6 +70,8 @@ class ViewWork:
     #: rows written: the delta layer (incremental) or the new base layer (full)
     rows: int | None = None
     seconds: float = 0.0
+    #: what the algorithm did beyond the delta (DRed: tuples over-deleted, rederived, inserted)
+    detail: dict[str, int] = field(default_factory=dict)
     #: every relation the view stores (itself, auxiliary predicates, GROUPBY states) -> its new layer
     layers: dict[str, WrittenLayer] = field(default_factory=dict)
 
@@ -171,8 +173,18 @@ def _plan_views(project: Project, p: Plan, wanted: list[str] | None, mode: str) 
             work.append(ViewWork(view, strata.stratum_of[view], "full", reason, upstream, inputs))
         elif inputs:
             work.append(ViewWork(view, strata.stratum_of[view], "incremental",
-                                 f"counting (000 §4-6): inputs changed: {', '.join(inputs)}", upstream, inputs))
+                                 f"{algorithm(program, strata, view)}: inputs changed: {', '.join(inputs)}",
+                                 upstream, inputs))
     return work
+
+
+def algorithm(program, strata, view: str) -> str:
+    """How a view is maintained incrementally: counting, with DRed for its recursive components."""
+    recursive = [p for c in strata.components if c.recursive for p in c.predicates
+                 if p in view_predicates(program, strata, view)]
+    if recursive:
+        return f"DRed (000 §7) for {', '.join(recursive)}, counting (000 §4-6) around it"
+    return "counting (000 §4-6)"
 
 
 def trim_table(project: Project, run_id: str, item: TableDelta) -> TableDelta:
@@ -215,25 +227,20 @@ def maintain_views(project: Project, run_id: str, p: Plan, progress: Progress) -
         written[name] = layer
         return layer.path, layer.bytes or 0
 
-    def stage(name: str, df) -> str | None:
-        path = project.warehouse.path("staging", run_id, name)
-        df.write.mode("overwrite").parquet(path)  # a retried stage overwrites its own output
-        rows, _ = project.warehouse.parquet_stats(path)
-        return path if rows else None
-
+    scratch = Scratch(project.warehouse, project.spark, run_id)
     states = RunStates(read=lambda name, paths: project.warehouse.read_layers(project.spark, paths,
                                                                               project.schema(name)),
-                       write_delta=write_delta, stage=stage)
+                       write_delta=write_delta, scratch=scratch)
     relations = set(project.config.tables) | {r for w in p.views for r in project.stored_relations(w.view)} | {
         u for w in p.views for u in strata.upstream(w.view) if program.predicates[u].kind == "view"}
     for name in relations:
         states.old_paths[name] = [x.path for x in project.catalog.state(name).layers]
-    counting = Counting(program, strata, states, project.groupby_states, project.schema)
+    counting = Counting(program, strata, states, project.groupby_states, project.schema, project.max_iterations)
     for t in p.tables:
         if t.layer:
             states.delta_paths[t.table], states.delta_bytes[t.table] = t.layer.path, t.layer.bytes or 0
             counting.note_delta(t.table, states.delta(t.table))
-    full = Evaluator(program, strata, {})
+    full = Evaluator(program, strata, {}, scratch=scratch, limits=project.max_iterations)
     for work in p.views:
         started = time.perf_counter()
         work.delta_in = sum(t.delta_rows for t in p.tables if t.table in work.changed_inputs)
@@ -246,9 +253,16 @@ def maintain_views(project: Project, run_id: str, p: Plan, progress: Progress) -
                 counting.maintain(pred)
             own = written.get(work.view)
             work.rows_changed = work.rows = own.rows if own else 0
-            how = f"counting, {work.rows_changed} tuples changed"
+            how = f"{work.reason.split(':')[0]}, {work.rows_changed} tuples changed"
+            preds = set(view_predicates(program, strata, work.view))
+            for component, stats in counting.dred_stats.items():
+                if preds & set(component.predicates):
+                    work.detail = {k: work.detail.get(k, 0) + n for k, n in stats.items()}
+            if work.detail:
+                how += " (DRed: " + ", ".join(f"{k} {n}" for k, n in work.detail.items()) + ")"
         else:
-            for name in {*strata.upstream(work.view)} - set(full.relations):
+            own = set(view_predicates(program, strata, work.view))  # a recursive view is upstream of itself
+            for name in strata.upstream(work.view) - set(full.relations) - own:
                 if program.predicates[name].kind != "aux":
                     full.relations[name] = consolidate(states.new(name))
             for name, df in materialize(full, project.groupby_states, work.view):
@@ -303,7 +317,8 @@ def refresh(project: Project, progress: Progress = lambda _: None, views: list[s
                   for t in p.tables]
         stages += [StageRecord("maintain", v.view, mode=v.mode, rows_in=v.delta_in, rows_out=v.rows,
                                delta_rows=v.rows_changed, seconds=round(v.seconds, 3),
-                               detail={"stratum": v.stratum, "reason": v.reason, "relations": sorted(v.layers)})
+                               detail={"stratum": v.stratum, "reason": v.reason, "relations": sorted(v.layers),
+                                       **v.detail})
                    for v in p.views]
         t0 = time.perf_counter()
         catalog.publish(p.run_id, changes, watermarks, stages)
@@ -312,7 +327,7 @@ def refresh(project: Project, progress: Progress = lambda _: None, views: list[s
     except BaseException as e:
         catalog.finish_run(p.run_id, "failed", one_line(e))
         raise
-    project.warehouse.delete(project.warehouse.path("staging", p.run_id))  # the run's set changes
+    project.warehouse.delete(project.warehouse.path("staging", p.run_id))  # the run's scratch space: set changes, fixpoint rounds
     result = RefreshResult(p.run_id, "succeeded", p.snapshot, p.tables, time.perf_counter() - started, p.views)
     grown = [t.table for t in p.tables] + [r for v in p.views if v.mode == "incremental" for r in v.layers]
     result.compacted = [c.relation for c in project.compact(grown, progress=progress)]

@@ -148,6 +148,36 @@ class Warehouse:
         return max(1, math.ceil(size_bytes / (target_mb * 1024 * 1024)))
 
 
+class Scratch:
+    """A run's scratch space under ``staging/<run_id>/``: intermediate results written as Parquet and
+    read back, so a long computation (a fixpoint, a set change used twice) is cut into short plans
+    whose inputs are files (lineage truncated, nothing recomputed). A retried stage overwrites its own
+    names; the run deletes the folder after publishing, gc removes what a failed run left."""
+
+    def __init__(self, warehouse: Warehouse, spark: SparkSession, run_id: str):
+        self.warehouse, self.spark, self.run_id = warehouse, spark, run_id
+
+    @property
+    def root(self) -> str:
+        return self.warehouse.path("staging", self.run_id)
+
+    def put(self, name: str, df: DataFrame) -> tuple[str, int, int]:
+        """Write ``df`` as ``name``; (path, rows, bytes) with the numbers from the footers (no extra job)."""
+        path = self.warehouse.path("staging", self.run_id, name)
+        df.write.mode("overwrite").parquet(path)
+        rows, size = self.warehouse.parquet_stats(path)
+        return path, rows or 0, size or 0
+
+    def read(self, paths: Sequence[str], schema: StructType) -> DataFrame:
+        """Several written results as one scan (``schema``: their columns, ``__count`` included)."""
+        if not paths:
+            return self.spark.createDataFrame([], schema)
+        return self.spark.read.schema(schema).parquet(*paths)
+
+    def clear(self) -> None:
+        self.warehouse.delete(self.root)
+
+
 def with_count(schema: StructType) -> StructType:
     """A relation's schema plus the ``__count`` column of its Z-set."""
     return StructType([*schema.fields, StructField(COUNT_COLUMN, LongType(), False)])

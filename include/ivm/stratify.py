@@ -107,8 +107,27 @@ def stratify(program: Program) -> Strata:
             if recursive and head in comp and body in comp:
                 raise ConfigError(f"views.{_owner(program, head)}: {head} depends on {body} through negation or "
                                   "aggregation inside a recursive cycle; the program is not stratified")
+        if recursive:
+            _recursive_sets(program, comp)
         result.append(Component(tuple(sorted(comp)), stratum[i], recursive))
     return Strata(result, {p: stratum[comp_of[p]] for p in program.predicates}, deps)
+
+
+def _recursive_sets(program: Program, comp: list[str]) -> None:
+    """The predicates of a recursive component have set semantics (000 §7: DRed maintains sets; a bag
+    would count infinitely many derivations around a cycle). A bag member whose multiplicities are seen
+    outside the component (WITH RECURSIVE ... UNION ALL) is refused; an inner one (the step query of
+    a WITH RECURSIVE ... UNION) only feeds the set and becomes one."""
+    for p in comp:
+        pred = program.predicates[p]
+        if pred.semantics == "set":
+            continue
+        readers = sorted({r.head.pred for r in program.rules if r.head.pred not in comp
+                          and any(q == p for q, _ in r.predicates())})
+        if pred.kind == "view" or readers:
+            raise ConfigError(f"views.{_owner(program, p)}: {p} is recursive with bag semantics (WITH RECURSIVE "
+                              "... UNION ALL); use UNION: recursive views are maintained as sets (DRed, 000 §7)")
+        pred.semantics = "set"
 
 
 def _tarjan(graph: dict[str, set[str]]) -> list[list[str]]:

@@ -72,7 +72,8 @@ GRAMMAR = r"""
     VAR: /[A-Z][A-Za-z0-9_]*/
     NAME: /[a-z][A-Za-z0-9_]*/
     STRING: /'[^']*'/ | /"[^"]*"/
-    %import common.NUMBER
+    // a fraction needs digits after the point: in `M <= 2.` the point ends the rule
+    NUMBER: /\d+(\.\d+)?([eE][+-]?\d+)?/
     %import common.WS
     COMMENT: /%[^\n]*/ | /\/\/[^\n]*/
     %ignore WS

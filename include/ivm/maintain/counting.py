@@ -39,9 +39,11 @@ from pyspark.sql import functions as F
 from ivm.config import COUNT_COLUMN
 from ivm.ir import Atom, BodyItem, GroupBy, Literal, Program, SetOf, Var
 from ivm.maintain.delta_rules import DELTA, NEW, OLD, DeltaRule, delta_rules
+from ivm.maintain.dred import DRed
 from ivm.maintain.groupby import GroupByState
 from ivm.maintain.recompute import Evaluator, anti_join, as_used
-from ivm.stratify import Strata
+from ivm.storage import Scratch
+from ivm.stratify import Component, Strata
 from ivm.zset import consolidate, restrict, union_all
 
 log = logging.getLogger(__name__)
@@ -119,7 +121,8 @@ class RunStates:
 
     read: Callable[[str, list[str]], DataFrame]                      # (relation, layer paths) -> Z-set
     write_delta: Callable[[str, DataFrame], tuple[str, int] | None]  # (relation, Δ) -> (path, bytes) or None
-    stage: Callable[[str, DataFrame], str | None]                     # (name, frame) -> staging path or None
+    #: the run's intermediate results (set changes, fixpoint rounds)
+    scratch: Scratch
     old_paths: dict[str, list[str]] = field(default_factory=dict)
     delta_paths: dict[str, str] = field(default_factory=dict)
     #: bytes of each delta layer: small ones are broadcast into the joins of the delta rules
@@ -168,16 +171,20 @@ class Counting:
     """Algorithm 4.1 over one run's states. ``maintain(pred)`` computes, writes and returns Δ(pred)."""
 
     def __init__(self, program: Program, strata: Strata, states: RunStates, groupbys: dict[str, GroupByState],
-                 schemas: Callable[[str], object]):
+                 schemas: Callable[[str], object], limits: dict[str, int] | None = None):
         self.program = program
         self.strata = strata
         self.states = states
         self.groupbys = groupbys
         self.schemas = schemas
-        self.ev = Evaluator(program, strata, {})
+        self.ev = Evaluator(program, strata, {}, scratch=states.scratch, limits=limits)
         #: Δ of every predicate as the predicates above it use it (statement (2) for set predicates);
         #: absent: unchanged in this run
         self.used_delta: dict[str, DataFrame] = {}
+        #: Δ of each GROUPBY / setof subgoal, computed once (its state delta is written once)
+        self._subgoal_deltas: dict[str, DataFrame] = {}
+        #: what DRed did to each recursive component it maintained in this run
+        self.dred_stats: dict[Component, dict[str, int]] = {}
 
     # -- states of a subgoal's predicate ---------------------------------------------------------------
 
@@ -191,9 +198,9 @@ class Counting:
             return
         p = self.program.predicates[pred]
         if p.semantics == "set":  # 000 Algorithm 4.1 statement (2): only set changes propagate upward
-            path = self.states.stage(f"{pred}__set_change",
-                                     presence_change(self.states.old(pred), delta, list(p.columns)))
-            if path is None:
+            path, rows, _ = self.states.scratch.put(f"{pred}__set_change",
+                                                    presence_change(self.states.old(pred), delta, list(p.columns)))
+            if not rows:
                 log.info("%s: counts changed but not the set; nothing propagates upward (statement (2))", pred)
                 return
             delta = self.states.read(pred, [path])
@@ -228,7 +235,17 @@ class Counting:
 
     def maintain(self, pred: str) -> DataFrame | None:
         """Δ(pred) from the delta rules whose Δ subgoal changed; written as a delta layer of ``pred``
-        (and of its GROUPBY states); None when nothing changed."""
+        (and of its GROUPBY states); None when nothing changed. A predicate of a recursive component
+        is maintained with its whole component by DRed (000 §7)."""
+        component = next(c for c in self.strata.components if pred in c.predicates)
+        if component.recursive:
+            if component not in self.dred_stats:
+                dred = DRed(self, component)
+                for p, delta in dred.run().items():
+                    delta = self.states.put_delta(p, delta) if delta is not None else None
+                    self.note_delta(p, delta)
+                self.dred_stats[component] = dred.stats
+            return self.states.delta(pred)
         terms = []
         for r, rule in enumerate(self.program.rules_for(pred)):
             for d in delta_rules(rule):
@@ -242,32 +259,36 @@ class Counting:
 
     def delta_rule(self, pred: str, r: int, d: DeltaRule, i: int) -> DataFrame:
         """One term of Definition 4.1 as a Spark plan, starting the joins from the Δ subgoal."""
+        return self.ev.rule(d.rule, lambda j, item: self.subgoal(pred, r, j, item, d.states[j]),
+                            lambda j, item, df: self.absent(item, df, d.states[j]), first=i)
 
-        def subgoal(j: int, item: BodyItem) -> DataFrame | None:
-            state = d.states[j]
-            if isinstance(item, Literal):
-                if item.negated:  # Definition 6.1 in Δ position, else an anti-join (below)
-                    return self.negation_delta(item.atom) if state == DELTA else None
-                rows = self.ev.atom(item.atom, self.used(item.atom.pred, state))
-                small = self.states.delta_bytes.get(item.atom.pred, BROADCAST_BYTES + 1) <= BROADCAST_BYTES
-                return F.broadcast(rows) if state == DELTA and small else rows
-            if isinstance(item, GroupBy):
-                if state == DELTA:
-                    return self.groupby_delta(f"{pred}__agg{r}_{j}", item)
-                return self.ev.groupby(item, self.source(item.atom, state))
-            assert isinstance(item, SetOf)
-            return self.setof_delta(item) if state == DELTA else self.ev.setof(item, self.source(item.atom, state))
+    def subgoal(self, pred: str, r: int, j: int, item: BodyItem, state: str) -> DataFrame | None:
+        """The relation body item ``j`` of rule ``r`` of ``pred`` joins at ``state`` (old, new or Δ);
+        None for a negated atom outside the Δ position (an anti-join, ``absent``)."""
+        if isinstance(item, Literal):
+            if item.negated:  # Definition 6.1 in Δ position, else an anti-join
+                return self.negation_delta(item.atom) if state == DELTA else None
+            rows = self.ev.atom(item.atom, self.used(item.atom.pred, state))
+            small = self.states.delta_bytes.get(item.atom.pred, BROADCAST_BYTES + 1) <= BROADCAST_BYTES
+            return F.broadcast(rows) if state == DELTA and small else rows
+        if isinstance(item, GroupBy):
+            if state == DELTA:
+                return self.groupby_delta(f"{pred}__agg{r}_{j}", item)
+            return self.ev.groupby(item, self.source(item.atom, state))
+        assert isinstance(item, SetOf)
+        if state == DELTA:
+            return self.setof_delta(f"{pred}__setof{r}_{j}", item)
+        return self.ev.setof(item, self.source(item.atom, state))
 
-        def absent(j: int, item: Literal, df: DataFrame) -> DataFrame:
-            # 000 §6.1 cases 1 and 2: Q̄ from the old Q after the Δ subgoal, from Qᵛ before it
-            shared = [v for v in item.atom.variables() if v in df.columns]
-            rows = self.states.new(item.atom.pred) if d.states[j] == NEW else self.states.old(item.atom.pred)
-            q = self.ev.atom(item.atom, rows)
-            if shared:
-                q = restrict(q, df.select(*[F.col(_q(v)) for v in shared]).distinct(), shared)
-            return anti_join(df, consolidate(q).where(F.col(C) > 0), item.null_safe)
-
-        return self.ev.rule(d.rule, subgoal, absent, first=i)
+    def absent(self, item: Literal, df: DataFrame, state: str) -> DataFrame:
+        """``not q(...)`` applied to ``df``: 000 §6.1 cases 1 and 2, Q̄ from the old Q after the Δ
+        subgoal, from Qᵛ before it (restricted to the keys of ``df``)."""
+        shared = [v for v in item.atom.variables() if v in df.columns]
+        rows = self.states.new(item.atom.pred) if state == NEW else self.states.old(item.atom.pred)
+        q = self.ev.atom(item.atom, rows)
+        if shared:
+            q = restrict(q, df.select(*[F.col(_q(v)) for v in shared]).distinct(), shared)
+        return anti_join(df, consolidate(q).where(F.col(C) > 0), item.null_safe)
 
     def negation_delta(self, atom: Atom) -> DataFrame:
         """000 Definition 6.1: Δ(Q̄) = +1 for tuples of Δ(Q) not in Q ⊎ Δ(Q), -1 for those not in Q."""
@@ -279,8 +300,13 @@ class Counting:
         return change.withColumn(C, -F.col(C))
 
     def groupby_delta(self, name: str, g: GroupBy) -> DataFrame:
-        """000 Algorithm 6.1: Δ(T) for the groups Δ(U) touches, from the stored state (written as a
-        delta layer of the state relation ``name``)."""
+        """000 Algorithm 6.1: Δ(T) for the groups Δ(U) touches, from the stored state (written once, as
+        a delta layer of the state relation ``name``)."""
+        if name not in self._subgoal_deltas:
+            self._subgoal_deltas[name] = self._groupby_delta(name, g)
+        return self._subgoal_deltas[name]
+
+    def _groupby_delta(self, name: str, g: GroupBy) -> DataFrame:
         st = self.groupbys[name]
         delta_rows = consolidate(self.ev.atom(g.atom, self.used_delta[g.atom.pred]))
         changes = {}
@@ -297,8 +323,13 @@ class Counting:
         written = self.states.put_delta(name, dstate)
         return consolidate(st.finalize(written if written is not None else self.states.read(name, [])))
 
-    def setof_delta(self, s: SetOf) -> DataFrame:
+    def setof_delta(self, name: str, s: SetOf) -> DataFrame:
         """A setof subgoal's changed groups: each touched group's set before (-1) and after (+1)."""
+        if name not in self._subgoal_deltas:
+            self._subgoal_deltas[name] = self._setof_delta(s)
+        return self._subgoal_deltas[name]
+
+    def _setof_delta(self, s: SetOf) -> DataFrame:
         group = [v.name for v in s.group()]
         touched = self.ev.atom(s.atom, self.used_delta[s.atom.pred]).select(*[F.col(_q(v)) for v in group]).distinct() \
             if group else None

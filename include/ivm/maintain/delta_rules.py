@@ -45,22 +45,21 @@ class DeltaRule:
     terms: int
 
     def __str__(self) -> str:
-        items = []
-        for item, state in zip(self.rule.body, self.states, strict=True):
-            text = str(item)
-            if state == DELTA:
-                text = f"Δ({text})"
-            elif state == NEW:
-                text = text.replace(f"{_pred(item)}(", f"{_pred(item)}ᵛ(", 1)
-            items.append(text)
+        items = [render_item(item, state) for item, state in zip(self.rule.body, self.states, strict=True)]
         return f"Δ{self.rule.head} :- {', '.join(items)}."
 
     def sql(self, program: Program) -> str:
         return rule_sql(program, self.rule, self.states)
 
 
-def _pred(item) -> str:
-    return item.atom.pred
+def render_item(item, state: str | None, delta: str = "Δ") -> str:
+    """A body item in a delta rule: ``Δ(item)`` at the Δ position, ``pᵛ(...)`` in the new state."""
+    text = str(item)
+    if state == DELTA:
+        return f"{delta}({text})"
+    if state == NEW:
+        return text.replace(f"{item.atom.pred}(", f"{item.atom.pred}ᵛ(", 1)
+    return text
 
 
 def delta_rules(rule: Rule) -> list[DeltaRule]:

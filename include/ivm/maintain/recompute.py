@@ -36,6 +36,8 @@ from ivm.ir import (
     Var,
     Wildcard,
 )
+from ivm.maintain import fixpoint
+from ivm.storage import Scratch
 from ivm.stratify import Strata
 from ivm.zset import consolidate, expand, union_all
 
@@ -56,12 +58,30 @@ def as_used(pred: Predicate, zset: DataFrame) -> DataFrame:
 
 
 class Evaluator:
-    """Evaluates derived predicates over given Z-sets of the base predicates (and any others)."""
+    """Evaluates derived predicates over given Z-sets of the base predicates (and any others).
 
-    def __init__(self, program: Program, strata: Strata, relations: Mapping[str, DataFrame]):
+    Recursive components run to their fixpoint (ivm.maintain.fixpoint), writing each round to
+    ``scratch``; ``plans_only`` builds plans with the right column types without running any job
+    (a recursive component then gets the plan of its exit rules and one unfolding).
+    """
+
+    def __init__(self, program: Program, strata: Strata, relations: Mapping[str, DataFrame],
+                 scratch: Scratch | None = None, limits: Mapping[str, int] | None = None, plans_only: bool = False):
         self.program = program
         self.strata = strata
         self.relations: dict[str, DataFrame] = dict(relations)
+        self._scratch = scratch
+        self.limits = dict(limits or {})
+        self.plans_only = plans_only
+
+    @property
+    def scratch(self) -> Scratch:
+        if self._scratch is None:
+            raise RuntimeError("evaluating a recursive view needs scratch space (Evaluator(..., scratch=...))")
+        return self._scratch
+
+    def max_iterations(self, view: str) -> int:
+        return self.limits.get(view, fixpoint.DEFAULT_MAX_ITERATIONS)
 
     def relation(self, pred: str) -> DataFrame:
         """The consolidated Z-set of ``pred``, evaluating it (and what it needs) on first use."""
@@ -70,9 +90,10 @@ class Evaluator:
             if p.kind == "base":
                 raise KeyError(f"no input given for table {pred}")
             component = next(c for c in self.strata.components if pred in c.predicates)
-            if component.recursive:
-                raise ConfigError(f"views.{p.owner or pred}: {pred} is recursive; evaluating recursive views "
-                                  "arrives with the DRed issue")
+            if component.recursive:  # 000 §7: set semantics, semi-naive to the fixpoint
+                results = fixpoint.plans(self, component) if self.plans_only else fixpoint.evaluate(self, component)
+                self.relations.update(results)
+                return self.relations[pred]
             frames = [self.rule(r) for r in self.program.rules_for(pred)]
             self.relations[pred] = consolidate(union_all(frames), p.columns)
         return self.relations[pred]

@@ -1,0 +1,256 @@
+"""DRed, Delete and Rederive (000 §7): incremental maintenance of a recursive component on Spark.
+
+The component's predicates are sets (count 1 per tuple). Its rules read the component itself and
+lower strata, which the counting algorithm has already brought to their new state in this run
+(000 §7: "propagating the changes stratum by stratum"); what changed below is, per subgoal, the
+presence change of its bindings: Del (-1) and Add (+1). For a positive atom that is set(Qᵛ) − set(Q);
+for a negated atom Definition 6.1's Δ(¬q); for a GROUPBY or setof subgoal the changed groups
+(Algorithm 6.1). Then, exactly as §7 states:
+
+1. **Over-delete** (Δ⁻-rules): ``δ⁻(p) :- s1, ..., δ⁻(si), ..., sn`` with every other subgoal in its old
+   state (the materialization, "without incorporating the deletions"), seeded by the Del of the lower
+   subgoals and iterated semi-naively over δ⁻ of the component's predicates to a fixpoint.
+2. **Rederive** (Δʳ-rules): ``δ⁺(p) :- δ⁻(p) & s1ᵛ & ... & snᵛ`` where the component's subgoals are
+   ``Pᵛ = P − δ⁻(P)`` plus what was rederived so far and lower subgoals are new; iterated to a fixpoint
+   (after the first round only derivations through a newly rederived tuple are tried).
+3. **Insert** (Δ⁺-rules): ``Δ⁺(p) :- s1ᵛ, ..., Δ⁺(si), ..., snᵛ`` with every other subgoal new, seeded by
+   the Add of the lower subgoals and iterated over the inserted tuples to a fixpoint; a tuple already
+   in Pᵛ is not inserted.
+
+Δ(P) = (δ⁻(P) − δ⁺(P)) as -1 ⊎ Δ⁺(P) as +1, written as a delta layer like any other (Theorem 7.1: the
+result is exactly the set derivable from the new base). Stored layers of a component predicate hold
+counts that sum to 1 or 0 per tuple, so the steps join them unconsolidated (joins distribute over ⊎)
+and consolidate only their small results.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from ivm.config import COUNT_COLUMN
+from ivm.ir import BodyItem, Expr, GroupBy, Literal, Program, SetOf
+from ivm.maintain.delta_rules import DELTA, NEW, OLD, render_item
+from ivm.maintain.fixpoint import (
+    Absent,
+    Rounds,
+    as_set,
+    minus,
+    recursive_positions,
+    rederivation_rule,
+    seminaive_terms,
+)
+from ivm.storage import with_count
+from ivm.stratify import Component
+from ivm.zset import consolidate, restrict, union_all
+
+if TYPE_CHECKING:
+    from ivm.maintain.counting import Counting
+
+log = logging.getLogger(__name__)
+C = COUNT_COLUMN
+
+
+def dred_rules(program: Program, component: Component) -> list[dict[str, str]]:
+    """000 §7's rules for every rule of the component, as `ivm explain` prints them: the Δ⁻-rules
+    (step 1, old states), the Δʳ-rule (step 2, new states) and the Δ⁺-rules (step 3, new states)."""
+    out = []
+    for p in component.predicates:
+        for rule in program.rules_for(p):
+            subgoals = [i for i, item in enumerate(rule.body) if isinstance(item, Literal | GroupBy | SetOf)]
+
+            def body(states: dict[int, str], mark: str, rule=rule) -> str:
+                return ", ".join(render_item(item, states.get(j), mark) for j, item in enumerate(rule.body))
+
+            new = dict.fromkeys(subgoals, NEW)
+            out += [{"predicate": p, "step": "1 over-delete", "rule": f"δ⁻{rule.head} :- {body({i: DELTA}, 'δ⁻')}."}
+                    for i in subgoals]
+            out.append({"predicate": p, "step": "2 rederive",
+                        "rule": f"δ⁺{rule.head} :- δ⁻{rule.head}, {body(new, '')}."})
+            out += [{"predicate": p, "step": "3 insert", "rule": f"Δ⁺{rule.head} :- {body(new | {i: DELTA}, 'Δ⁺')}."}
+                    for i in subgoals]
+    return out
+
+
+def _negate(df: DataFrame) -> DataFrame:
+    return df.withColumn(C, -F.col(C))
+
+
+class DRed:
+    """The three steps of 000 §7 for one recursive component, over one run's states."""
+
+    def __init__(self, counting: Counting, component: Component):
+        self.c = counting
+        self.ev = counting.ev
+        self.preds = component.predicates
+        self.component = component
+        self.rules = {p: list(enumerate(counting.program.rules_for(p))) for p in self.preds}
+        self.schemas = {p: with_count(counting.schemas(p)) for p in self.preds}
+        #: tuples over-deleted, rederived and inserted (after ``run``)
+        self.stats: dict[str, int] = {}
+        #: the Del and Add of each lower subgoal (pred, rule, position), written once; None: empty
+        self._changes: dict[tuple[str, int, int], dict[int, DataFrame | None]] = {}
+
+    def columns(self, pred: str) -> list[str]:
+        return list(self.c.program.predicates[pred].columns)
+
+    def old(self, pred: str) -> DataFrame:
+        """The stored materialization P (its layers, counts summing to 1 per tuple)."""
+        return self.c.states.old(pred)
+
+    def absent(self, state: str) -> Absent:
+        return lambda j, item, df: self.c.absent(item, df, state)
+
+    # -- what changed below the component ------------------------------------------------------------
+
+    def lower_changes(self, pred: str, r: int, sign: int) -> dict[int, DataFrame]:
+        """Per subgoal of rule ``r`` of ``pred`` outside the component whose input changed in this run,
+        the bindings it gained (sign +1, Add) or lost (sign -1, Del), count 1; written once to the
+        scratch space, empty ones left out."""
+        rule = self.c.program.rules_for(pred)[r]
+        inside = recursive_positions(rule, self.preds)
+        out = {}
+        for j, item in enumerate(rule.body):
+            if j in inside or not isinstance(item, Literal | GroupBy | SetOf) or not self.c.changed(item.atom.pred):
+                continue
+            key = (pred, r, j)
+            if key not in self._changes:
+                if isinstance(item, Literal):  # Definition 6.1 is +1 for "now absent": a positive atom is its negation
+                    change = self.c.negation_delta(item.atom)
+                    change = change if item.negated else _negate(change)
+                else:  # Algorithm 6.1 / setof: -1 for a group's old tuple, +1 for its new one
+                    change = self.c.subgoal(pred, r, j, item, DELTA)
+                self._changes[key] = {}
+                for s, name in ((-1, "del"), (1, "add")):
+                    part = change.where(F.col(C) * s > 0).withColumn(C, F.lit(1).cast("long"))
+                    path, rows, _ = self.c.states.scratch.put(f"{pred}__dred_{name}{r}_{j}", part)
+                    self._changes[key][s] = self.c.states.scratch.read([path], part.schema) if rows else None
+            if self._changes[key][sign] is not None:
+                out[j] = self._changes[key][sign]
+        return out
+
+    def seeds(self, sign: int, whole: Callable[[str], DataFrame], state: str) -> dict[str, DataFrame]:
+        """The first round of step 1 (sign -1: Del of the lower subgoals, everything else old) or step 3
+        (sign +1: Add, everything else new): one term per rule and changed lower subgoal."""
+        out = {}
+        for p in self.preds:
+            terms = []
+            for r, rule in self.rules[p]:
+                for j, part in self.lower_changes(p, r, sign).items():
+                    terms.append(self.ev.rule(rule, self._subgoals(p, r, rule, state, whole, {j: part}),
+                                              self.absent(state), first=j))
+            if terms:
+                out[p] = as_set(union_all(terms), self.columns(p))
+        return out
+
+    def _subgoals(self, pred: str, r: int, rule, state: str, whole: Callable[[str], DataFrame],
+                  given: dict[int, DataFrame], shift: int = 0) -> Callable[[int, BodyItem], DataFrame | None]:
+        """Body items of rule ``r``: ``given`` positions as given, the component's subgoals from
+        ``whole``, lower subgoals at ``state``. ``shift``: leading items added to the rule's body."""
+        inside = {i + shift for i in recursive_positions(rule, self.preds)}
+
+        def subgoal(j: int, item: BodyItem) -> DataFrame | None:
+            if j in given:
+                return given[j]
+            if j in inside:
+                return self.ev.atom(item.atom, whole(item.atom.pred))
+            return self.c.subgoal(pred, r, j - shift, item, state)
+
+        return subgoal
+
+    def _rounds(self, rounds: Rounds, candidates: dict[str, DataFrame], whole: Callable[[str], DataFrame],
+                state: str, known: Callable[[str, DataFrame], DataFrame] | None = None) -> None:
+        """Semi-naive rounds to the fixpoint: each round's new tuples at the Δ position of the
+        component's subgoals, ``whole`` at the others, lower subgoals at ``state``."""
+        while candidates:
+            changed = rounds.add(candidates, known)
+            candidates = {}
+            for p in self.preds:
+                terms = [t for r, rule in self.rules[p]
+                         for t in seminaive_terms(self.ev, rule, self.preds, changed, whole,
+                                                  self._subgoals(p, r, rule, state, whole, {}), self.absent(state))]
+                if terms:
+                    candidates[p] = as_set(union_all(terms), self.columns(p))
+
+    # -- the three steps ------------------------------------------------------------------------------
+
+    def overdelete(self) -> Rounds:
+        """Step 1: δ⁻ of every predicate of the component, the Δ⁻-rules over old states to a fixpoint."""
+        rounds = Rounds(self.ev, self.component, "dred_delete", self.schemas)
+        self._rounds(rounds, self.seeds(-1, self.old, OLD), self.old, OLD)
+        return rounds
+
+    def rederive(self, deleted: Rounds) -> Rounds:
+        """Step 2: the over-deleted tuples with a derivation in the new state, by the Δʳ-rules."""
+        rounds = Rounds(self.ev, self.component, "dred_rederive", self.schemas)
+        over = {p: deleted.all(p) for p in self.preds if deleted.rows[p]}
+
+        def whole(q: str) -> DataFrame:  # Pᵛ: P less δ⁻(P), plus what was rederived so far
+            return union_all([self.old(q), _negate(deleted.all(q)), rounds.all(q)])
+
+        def terms(p: str, changed: dict[str, DataFrame] | None) -> list[DataFrame]:
+            out = []
+            for r, rule in self.rules[p]:
+                ext = rederivation_rule(rule)  # body item 0 is δ⁻(p): the rule's own items shift by one
+                lead = {0: self.ev.atom(ext.body[0].atom, over[p])}
+                other = self._subgoals(p, r, rule, NEW, whole, lead, shift=1)
+                frames = [self.ev.rule(ext, other, self.absent(NEW), first=0)] if changed is None else \
+                    seminaive_terms(self.ev, ext, self.preds, changed, whole, other, self.absent(NEW), skip={0})
+                if any(isinstance(a, Expr) for a in rule.head.args):  # computed head columns bind nothing
+                    frames = [restrict(f, over[p], self.columns(p)) for f in frames]
+                out += frames
+            return out
+
+        candidates = {p: as_set(union_all(terms(p, None)), self.columns(p)) for p in over}
+        while candidates:
+            changed = rounds.add(candidates)
+            candidates = {p: as_set(union_all(t), self.columns(p)) for p in over if (t := terms(p, changed))}
+        return rounds
+
+    def insert(self, gone: dict[str, DataFrame]) -> Rounds:
+        """Step 3: new tuples by the Δ⁺-rules over the new states, to a fixpoint."""
+        rounds = Rounds(self.ev, self.component, "dred_insert", self.schemas)
+
+        def current(q: str) -> DataFrame:  # Pᵛ after step 2
+            return union_all([self.old(q), _negate(gone[q])])
+
+        def whole(q: str) -> DataFrame:
+            return union_all([current(q), rounds.all(q)])
+
+        def known(p: str, new: DataFrame) -> DataFrame:  # already in Pᵛ: not an insertion
+            cols = self.columns(p)
+            present = consolidate(restrict(current(p), new, cols), cols).where(F.col(C) > 0)
+            return minus(new, present, cols)
+
+        self._rounds(rounds, self.seeds(+1, whole, NEW), whole, NEW, known)
+        return rounds
+
+    def run(self) -> dict[str, DataFrame | None]:
+        """Δ of every predicate of the component: -1 for the deleted tuples, +1 for the inserted ones."""
+        started = time.perf_counter()
+        deleted = self.overdelete()
+        rederived = self.rederive(deleted)
+        gone = {}
+        for p in self.preds:
+            paths = []
+            if deleted.rows[p] > rederived.rows[p]:
+                paths = [self.c.states.scratch.put(f"{p}__dred_gone", minus(deleted.all(p), rederived.all(p),
+                                                                            self.columns(p)))[0]]
+            gone[p] = self.c.states.scratch.read(paths, self.schemas[p])
+        inserted = self.insert(gone)
+        self.stats = {"over-deleted": sum(deleted.rows.values()), "rederived": sum(rederived.rows.values()),
+                      "inserted": sum(inserted.rows.values())}
+        log.info("%s: DRed (000 §7): over-deleted %s, rederived %s, inserted %s (%.2f s)", ", ".join(self.preds),
+                 deleted.rows, rederived.rows, inserted.rows, time.perf_counter() - started)
+        out: dict[str, DataFrame | None] = {}
+        for p in self.preds:
+            if deleted.rows[p] == rederived.rows[p] and not inserted.rows[p]:
+                out[p] = None
+            else:
+                out[p] = consolidate(union_all([_negate(gone[p]), inserted.all(p)]), self.columns(p))
+        return out
