@@ -24,6 +24,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ivm.errors import ConfigError
 from ivm.maintain.recompute import Evaluator
 from tests.spark.test_counting import STREAMS, _jsonl, _zset, assert_close
 from tests.spark.test_recompute import _norm
@@ -226,7 +227,6 @@ def test_dred_matches_full_recompute_and_duckdb(make_project, tmp_path_factory, 
     load(one, root, initial)
     assert {v.mode for v in one.refresh().views} == {"full"}
     state = {t: list(rows) for t, rows in initial.items()}
-    check(one, state, root / "recompute-0")
     batches = []
     for n in range(1, 3):
         changes = data.draw(batch(state), f"batch {n}")
@@ -245,3 +245,62 @@ def test_dred_matches_full_recompute_and_duckdb(make_project, tmp_path_factory, 
     at_once = sets(everything)
     for view in VIEWS:
         assert_close(at_once[view], final[view], view)
+
+
+def test_explain_shows_dred_and_its_rules(make_project):
+    p = make_project(TABLES, views={"tc": DEFINITIONS["tc"], "fanout": DEFINITIONS["fanout"]})
+    e = p.explain("tc")
+    assert e.algorithm == "DRed" and e.recursive and e.recursive_components == [["tc"]]
+    assert e.delta_rules == []  # nothing is maintained by counting
+    rules = {(r["step"], r["rule"]) for r in e.dred_rules}
+    assert rules == {
+        ("1 over-delete", "δ⁻tc(X, Y) :- δ⁻(link(X, Y))."),
+        ("2 rederive", "δ⁺tc(X, Y) :- δ⁻tc(X, Y), linkᵛ(X, Y)."),
+        ("3 insert", "Δ⁺tc(X, Y) :- Δ⁺(link(X, Y))."),
+        ("1 over-delete", "δ⁻tc(X, Y) :- δ⁻(tc(X, Z)), link(Z, Y)."),
+        ("1 over-delete", "δ⁻tc(X, Y) :- tc(X, Z), δ⁻(link(Z, Y))."),
+        ("2 rederive", "δ⁺tc(X, Y) :- δ⁻tc(X, Y), tcᵛ(X, Z), linkᵛ(Z, Y)."),
+        ("3 insert", "Δ⁺tc(X, Y) :- Δ⁺(tc(X, Z)), linkᵛ(Z, Y)."),
+        ("3 insert", "Δ⁺tc(X, Y) :- tcᵛ(X, Z), Δ⁺(link(Z, Y))."),
+    }
+    text = e.to_text()
+    assert "maintenance: DRed" in text and "recursive component tc" in text
+    assert "  step 2 rederive: δ⁺tc(X, Y) :- δ⁻tc(X, Y), tcᵛ(X, Z), linkᵛ(Z, Y)." in text
+    stacked = p.explain("fanout")
+    assert stacked.algorithm == "counting" and stacked.recursive_components == [] and stacked.delta_rules
+
+
+@pytest.mark.parametrize("view, message", [
+    ({"sql": "WITH RECURSIVE r(src, dst) AS (SELECT src, dst FROM link UNION ALL "
+             "SELECT r.src, l.dst FROM r JOIN link l ON r.dst = l.src) SELECT * FROM r"},
+     r"views.bad: bad__\d+ is recursive with bag semantics \(WITH RECURSIVE ... UNION ALL\); use UNION"),
+    ({"datalog": "bad(X) :- bad(X), link(X, _)."},
+     "views.bad: bad has no rule that does not depend on itself: the recursion has no base case"),
+])
+def test_recursive_definitions_refused_at_apply(tmp_path, spark, view, message):
+    from ivm import Project
+    from tests.conftest import write_project
+
+    project = Project.open(str(write_project(tmp_path / "p", TABLES, views={"bad": view})))
+    with pytest.raises(ConfigError, match=message):
+        project.apply()
+    assert project.catalog.view_defs() == {}
+    project.close()
+
+
+def test_iteration_limit_fails_the_refresh_and_applies_nothing(make_project, tmp_path):
+    """A chain a→b→c→d→e needs five rounds; with max_iterations: 3 the refresh fails naming the view,
+    and nothing is published: the table's watermark and the view stay as they were."""
+    views = {"tc": {**DEFINITIONS["tc"], "max_iterations": 3}}
+    p = make_project(TABLES, views=views)
+    load(p, tmp_path, {"link": [tuple(e) for e in "ab bc cd de".split()], "blocked": [], "wlink": []})
+    before = p.catalog.watermarks()
+    with pytest.raises(ConfigError, match=r"views.tc: the fixpoint of tc \(fixpoint\) did not converge within 3 "
+                                          "rounds; raise max_iterations"):
+        p.refresh()
+    assert p.catalog.state("tc").version_id is None and p.catalog.watermarks() == before
+    assert p.runs(1)[0].status == "failed"
+    longer = make_project(TABLES, root=tmp_path / "longer", views={"tc": {**DEFINITIONS["tc"], "max_iterations": 5}})
+    load(longer, tmp_path, {"link": [tuple(e) for e in "ab bc cd de".split()], "blocked": [], "wlink": []})
+    longer.refresh()
+    assert len(_zset(longer.read_zset("tc").collect())) == 10

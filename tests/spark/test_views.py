@@ -152,8 +152,6 @@ def test_unmaterialized_view_cannot_be_read(project):
 @pytest.mark.parametrize("view, message", [
     ({"sql": "SELECT x FROM link"}, "views.bad: Column 'x' could not be resolved"),
     ({"sql": "SELECT src FROM link WHERE dst = array(1, 2)"}, "views.bad: Spark cannot evaluate it: .*DATATYPE_MISMATCH"),
-    ({"datalog": "bad(X, Y) :- link(X, Y).\nbad(X, Y) :- bad(X, Z), link(Z, Y)."},
-     "views.bad: bad is recursive; recursive views are not maintained yet"),
 ])
 def test_apply_refuses_bad_views_and_stores_nothing(tmp_path, spark, view, message):
     path = write_project(tmp_path / "p", TABLES, views={"bad": view})

@@ -59,7 +59,7 @@ def minus(df: DataFrame, other: DataFrame, columns: list[str]) -> DataFrame:
     """The tuples of ``df`` not in ``other`` (whole tuples compared, NULLs equal)."""
     if not columns:
         return df.join(other.select(F.lit(1).alias("__any")).limit(1), how="left_anti")
-    r = other.select(*[F.col(f"`{c}`").alias(f"__m{i}") for i, c in enumerate(columns)]).distinct()
+    r = other.select(*[F.col(f"`{c}`").alias(f"__m{i}") for i, c in enumerate(columns)])  # duplicates do not matter
     cond = reduce(lambda a, b: a & b, [df[f"`{c}`"].eqNullSafe(r[f"__m{i}"]) for i, c in enumerate(columns)])
     return df.join(r, cond, "left_anti")
 
