@@ -25,7 +25,9 @@ from ivm.catalog.store import PublishChange, StageRecord, aware
 from ivm.changes.ingest import read_log
 from ivm.changes.trim import trim
 from ivm.errors import ConfigError, NotFoundError, one_line
+from ivm.lang import compile_project
 from ivm.maintain.counting import Counting, RunStates, materialize, view_predicates
+from ivm.maintain.dred import RuleChange, rule_change
 from ivm.maintain.recompute import Evaluator
 from ivm.storage import Scratch, WrittenLayer, new_id
 from ivm.zset import consolidate
@@ -70,6 +72,8 @@ class ViewWork:
     #: rows written: the delta layer (incremental) or the new base layer (full)
     rows: int | None = None
     seconds: float = 0.0
+    #: rules removed from and added to the view since its stored state was computed (DRed follows them)
+    rule_change: RuleChange | None = None
     #: what the algorithm did beyond the delta (DRed: tuples over-deleted, rederived, inserted)
     detail: dict[str, int] = field(default_factory=dict)
     #: every relation the view stores (itself, auxiliary predicates, GROUPBY states) -> its new layer
@@ -146,6 +150,7 @@ def _plan_views(project: Project, p: Plan, wanted: list[str] | None, mode: str) 
     defined = project.catalog.view_defs()
     work: list[ViewWork] = []
     full: set[str] = set()
+    followed: set[str] = set()  # views whose rule change DRed follows, and the views above them
     for view in sorted(names, key=lambda v: (strata.stratum_of[v], v)):
         upstream = sorted(u for u in strata.upstream(view) if program.predicates[u].kind == "base")
         state = project.catalog.state(view)
@@ -165,17 +170,43 @@ def _plan_views(project: Project, p: Plan, wanted: list[str] | None, mode: str) 
             reason = f"{missing[0]} is not materialized yet"
         elif recomputed:
             reason = f"reads {', '.join(recomputed)}, recomputed in this run"
-        if reason is not None:
+        change = _rule_change(project, view, d) if reason == "the definition changed" else None
+        if isinstance(change, RuleChange):
+            followed.add(view)
+            work.append(ViewWork(view, strata.stratum_of[view], "incremental",
+                                 f"DRed (000 §7) across the changed definition: {change.describe()}"
+                                 + (f"; inputs changed: {', '.join(inputs)}" if inputs else ""),
+                                 upstream, inputs, rule_change=change))
+        elif reason is not None:
+            if change:
+                reason += f" ({change})"
             if mode == "incremental" or configured == "incremental":
                 raise ConfigError(f"views.{view}: cannot be maintained incrementally in this run ({reason}); "
                                   "use --mode auto or full")
             full.add(view)
             work.append(ViewWork(view, strata.stratum_of[view], "full", reason, upstream, inputs))
-        elif inputs:
+        elif inputs or followed & strata.upstream(view):
+            why = [f"inputs changed: {', '.join(inputs)}"] if inputs else []
+            why += [f"reads {v}, maintained across its changed definition" for v in sorted(followed & strata.upstream(view))]
+            if followed & strata.upstream(view):
+                followed.add(view)
             work.append(ViewWork(view, strata.stratum_of[view], "incremental",
-                                 f"{algorithm(program, strata, view)}: inputs changed: {', '.join(inputs)}",
-                                 upstream, inputs))
+                                 f"{algorithm(program, strata, view)}: {'; '.join(why)}", upstream, inputs))
     return work
+
+
+def _rule_change(project: Project, view: str, applied) -> RuleChange | str | None:
+    """For a view whose definition changed since its stored state was computed: the rules DRed must
+    follow (000 §7), or why it cannot; None when the earlier definition is not known."""
+    if applied is None or not applied.materialized:
+        return None
+    before = project.config.views[view].model_copy(update={
+        "sql": None, "datalog": None, applied.materialized["language"]: applied.materialized["definition"]})
+    try:
+        old = compile_project(project.config.model_copy(update={"views": {**project.config.views, view: before}}))
+    except ConfigError as e:
+        return f"the earlier definition no longer compiles: {e}"
+    return rule_change(old, project.program[0], view)
 
 
 def algorithm(program, strata, view: str) -> str:
@@ -244,7 +275,9 @@ def maintain_views(project: Project, run_id: str, p: Plan, progress: Progress) -
     for work in p.views:
         started = time.perf_counter()
         work.delta_in = sum(t.delta_rows for t in p.tables if t.table in work.changed_inputs)
-        if work.mode == "incremental" and not any(counting.changed(u) for u in strata.upstream(work.view)):
+        if work.rule_change is not None:
+            counting.rule_changes |= dict.fromkeys(view_predicates(program, strata, work.view), work.rule_change)
+        elif work.mode == "incremental" and not any(counting.changed(u) for u in strata.upstream(work.view)):
             work.mode, work.reason = "noop", "the net deltas of its inputs are empty or cancel out"
             progress(f"maintain: {work.view}: nothing to do, {work.reason}")
             continue
@@ -309,6 +342,8 @@ def refresh(project: Project, progress: Progress = lambda _: None, views: list[s
         for v in p.views:
             changes += [PublishChange(r, versions[r], [layer], replace=v.mode == "full", create=True)
                         for r, layer in v.layers.items()]
+            if v.rule_change is not None and v.view not in v.layers:  # the new definition holds, unchanged
+                changes.append(PublishChange(v.view, versions[v.view], []))
         watermarks = {(t.table, t.table): t.to_version for t in p.tables}
         watermarks |= {(v.view, t): p.snapshot[t] for v in p.views for t in v.upstream}
         stages = [StageRecord("trim", t.table, mode="incremental", rows_in=t.log_rows, delta_rows=t.delta_rows,

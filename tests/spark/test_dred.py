@@ -84,7 +84,7 @@ def duck(state: dict[str, list[tuple]]) -> dict[str, Counter]:
 
 
 def sets(project) -> dict[str, dict]:
-    return {v: _zset(project.read_zset(v).collect()) for v in VIEWS}
+    return {v: _zset(project.read_zset(v).collect()) for v in project.config.views}
 
 
 def recomputed(project, tmp: Path) -> dict[str, dict]:
@@ -93,7 +93,7 @@ def recomputed(project, tmp: Path) -> dict[str, dict]:
     program, strata = project.program
     scratch = Scratch(Warehouse(str(tmp)), project.spark, "recompute")
     ev = Evaluator(program, strata, {t: project.read_zset(t) for t in TABLES}, scratch=scratch)
-    return {v: _zset(ev.relation(v).collect()) for v in VIEWS}
+    return {v: _zset(ev.relation(v).collect()) for v in project.config.views}
 
 
 def check(project, state, tmp: Path) -> dict[str, dict]:
@@ -304,3 +304,49 @@ def test_iteration_limit_fails_the_refresh_and_applies_nothing(make_project, tmp
     load(longer, tmp_path, {"link": [tuple(e) for e in "ab bc cd de".split()], "blocked": [], "wlink": []})
     longer.refresh()
     assert len(_zset(longer.read_zset("tc").collect())) == 10
+
+
+def test_changed_rules_are_followed_by_dred(make_project, tmp_path):
+    """000 §7: a rule added to or removed from a recursive view is maintained incrementally (the removed
+    rule's derivations over-deleted and rederived where possible, the added rule's inserted), equal to
+    recomputing; a change DRed cannot follow (a nonrecursive view) recomputes."""
+    from ivm import Project
+    from tests.conftest import write_project
+
+    views = {"tc": DEFINITIONS["tc"], "fanout": DEFINITIONS["fanout"]}
+    p = make_project(TABLES, root=tmp_path / "p", views=views)
+    load(p, tmp_path, {"link": [tuple(e) for e in "ab bc cd da ce".split()], "blocked": [],
+                       "wlink": [("a", "e", 1), ("e", "b", 5)]})
+    p.refresh()
+
+    def redefine(tc: str, fanout: str = DEFINITIONS["fanout"]["sql"]) -> Project:
+        path = write_project(tmp_path / "p", TABLES, views={"tc": {"datalog": tc}, "fanout": {"sql": fanout}})
+        project = Project.open(str(path))
+        assert any(c.startswith("updated view") for c in project.apply())
+        return project
+
+    # a rule added: wlink edges are links too
+    added = redefine(DEFINITIONS["tc"]["datalog"] + "\ntc(X, Y) :- wlink(X, Y, _).")
+    result = {w.view: w for w in added.refresh().views}
+    assert result["tc"].mode == "incremental" and "1 rule removed" not in result["tc"].reason
+    assert result["tc"].reason.startswith("DRed (000 §7) across the changed definition: 0 rules removed, 1 added")
+    assert result["fanout"].mode == "incremental"
+    assert sets(added)["tc"] == recomputed(added, tmp_path / "r1")["tc"]
+    assert ("e", "b") in sets(added)["tc"] and ("a", "e") in sets(added)["tc"]
+    # the base rule removed: only the wlink edges start paths now; a rule made nonlinear
+    removed = redefine("tc(X, Y) :- wlink(X, Y, _).\ntc(X, Y) :- tc(X, Z), link(Z, Y).")
+    work = {w.view: w for w in removed.refresh().views}["tc"]
+    assert work.mode == "incremental" and "1 rule removed, 0 added" in work.reason
+    assert work.detail["over-deleted"] > 0
+    ours, full = sets(removed), recomputed(removed, tmp_path / "r2")
+    assert ours["tc"] == full["tc"] and ours["fanout"] == full["fanout"]
+    assert ("b", "c") not in ours["tc"] and ("e", "a") in ours["tc"]
+    # the next refresh sees the new definition as materialized: nothing to do
+    assert removed.refresh().status == "noop"
+    # a change of the nonrecursive view on top is a full recompute
+    again = redefine("tc(X, Y) :- wlink(X, Y, _).\ntc(X, Y) :- tc(X, Z), link(Z, Y).",
+                     "SELECT x AS src, count(*) + 0 AS n FROM tc GROUP BY x")
+    work = {w.view: w for w in again.refresh().views}["fanout"]
+    assert work.mode == "full" and work.reason.startswith("the definition changed")
+    for project in (added, removed, again):
+        project.close()

@@ -57,6 +57,9 @@ class ViewDef(Base):
     options: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    #: after a change of a materialized view: the language and definition its stored state was computed
+    #: from (``{"language": ..., "definition": ...}``), until a refresh materializes the new one
+    materialized: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
 
 class Relation(Base):

@@ -196,6 +196,8 @@ class Catalog:
                         s.add(Relation(name=name, kind=kind))
                         changes.append(f"created {kind} {name}")
                     elif any(getattr(row, k) != v for k, v in spec.items()):
+                        if kind == "view" and (row.language, row.definition) != (spec["language"], spec["definition"]):
+                            _keep_materialized(row, self.state(name, s))
                         for k, v in spec.items():
                             setattr(row, k, v)
                         row.updated_at = now
@@ -436,3 +438,12 @@ def _sqlite_pragmas(dbapi_connection, _record) -> None:
     cur.execute("PRAGMA busy_timeout=30000")
     cur.execute("PRAGMA foreign_keys=ON")
     cur.close()
+
+
+def _keep_materialized(row: ViewDef, state: RelationState) -> None:
+    """Before a view's definition changes: remember the one its stored state was computed from — the
+    current one if a refresh materialized it since it was applied, else the one remembered before."""
+    if state.created_at is not None and state.created_at >= aware(row.updated_at):
+        row.materialized = {"language": row.language, "definition": row.definition}
+    elif state.created_at is None:
+        row.materialized = None

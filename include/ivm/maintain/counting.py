@@ -39,7 +39,7 @@ from pyspark.sql import functions as F
 from ivm.config import COUNT_COLUMN
 from ivm.ir import Atom, BodyItem, GroupBy, Literal, Program, SetOf, Var
 from ivm.maintain.delta_rules import DELTA, NEW, OLD, DeltaRule, delta_rules
-from ivm.maintain.dred import DRed
+from ivm.maintain.dred import DRed, RuleChange
 from ivm.maintain.groupby import GroupByState
 from ivm.maintain.recompute import Evaluator, anti_join, as_used
 from ivm.storage import Scratch
@@ -183,6 +183,9 @@ class Counting:
         self.used_delta: dict[str, DataFrame] = {}
         #: Δ of each GROUPBY / setof subgoal, computed once (its state delta is written once)
         self._subgoal_deltas: dict[str, DataFrame] = {}
+        #: rules `ivm apply` removed or added since the stored state was computed (the view's change, for
+        #: each of its predicates)
+        self.rule_changes: dict[str, RuleChange] = {}
         #: what DRed did to each recursive component it maintained in this run
         self.dred_stats: dict[Component, dict[str, int]] = {}
 
@@ -240,7 +243,8 @@ class Counting:
         component = next(c for c in self.strata.components if pred in c.predicates)
         if component.recursive:
             if component not in self.dred_stats:
-                dred = DRed(self, component)
+                change = next((self.rule_changes[p] for p in component.predicates if p in self.rule_changes), None)
+                dred = DRed(self, component, change)
                 for p, delta in dred.run().items():
                     delta = self.states.put_delta(p, delta) if delta is not None else None
                     self.note_delta(p, delta)

@@ -28,13 +28,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from ivm.config import COUNT_COLUMN
-from ivm.ir import BodyItem, Expr, GroupBy, Literal, Program, SetOf
+from ivm.ir import BodyItem, Expr, GroupBy, Literal, Program, Rule, SetOf
 from ivm.maintain.delta_rules import DELTA, NEW, OLD, render_item
 from ivm.maintain.fixpoint import (
     Absent,
@@ -46,7 +47,7 @@ from ivm.maintain.fixpoint import (
     seminaive_terms,
 )
 from ivm.storage import with_count
-from ivm.stratify import Component
+from ivm.stratify import Component, Strata, stratify
 from ivm.zset import consolidate, restrict, union_all
 
 if TYPE_CHECKING:
@@ -77,6 +78,69 @@ def dred_rules(program: Program, component: Component) -> list[dict[str, str]]:
     return out
 
 
+@dataclass(frozen=True)
+class RuleChange:
+    """Rules removed from and added to a view's recursive predicates by `ivm apply` (000 §7: DRed also
+    maintains a view "when rules defining derived relations are inserted or deleted")."""
+
+    removed: dict[str, list[Rule]] = field(default_factory=dict)
+    added: dict[str, list[Rule]] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        n, m = sum(map(len, self.removed.values())), sum(map(len, self.added.values()))
+        return f"{n} rule{'s' * (n != 1)} removed, {m} added"
+
+
+def rule_change(old: Program, new: Program, view: str) -> RuleChange | str:
+    """How the view's rules changed between the program its stored state was computed from and the
+    current one, if DRed can follow the change incrementally; else why not (a full recompute then).
+
+    DRed can when the view keeps its predicates (names, columns, semantics) and its recursive
+    components, only rules of recursive predicates changed, and no changed rule aggregates (GROUPBY
+    and setof states are stored per rule)."""
+    from ivm.maintain.counting import groupby_subgoals
+
+    def own(program: Program) -> dict[str, tuple]:
+        return {p: (tuple(d.columns), d.semantics) for p, d in program.predicates.items()
+                if p == view or (d.kind == "aux" and d.owner == view)}
+
+    if own(old) != own(new):
+        return "its predicates or their columns changed"
+
+    def recursive(strata: Strata) -> set[tuple[str, ...]]:  # views never recurse through each other
+        return {c.predicates for c in strata.components if c.recursive and set(c.predicates) <= set(own(new))}
+
+    if recursive(stratify(old)) != recursive(stratify(new)):
+        return "its recursive components changed"
+    inside = {p for c in recursive(stratify(new)) for p in c}
+    change = RuleChange()
+    for p in own(new):
+        before, after = old.rules_for(p), new.rules_for(p)
+        if [str(r) for r in before] == [str(r) for r in after]:
+            continue
+        if p not in inside:
+            return f"rules of the nonrecursive predicate {p} changed"
+        removed, added = _difference(before, after), _difference(after, before)
+        if any(isinstance(i, GroupBy | SetOf) for r in removed + added for i in r.body):
+            return f"a changed rule of {p} aggregates"
+        if [(n, str(g)) for n, _, g in groupby_subgoals(old, p)] != [(n, str(g)) for n, _, g in groupby_subgoals(new, p)]:
+            return f"the aggregation states of {p} moved"
+        change.removed[p], change.added[p] = removed, added
+    return change
+
+
+def _difference(a: list[Rule], b: list[Rule]) -> list[Rule]:
+    """The rules of ``a`` not in ``b`` (as multisets, compared by their text)."""
+    rest = [str(r) for r in b]
+    out = []
+    for r in a:
+        if str(r) in rest:
+            rest.remove(str(r))
+        else:
+            out.append(r)
+    return out
+
+
 def _negate(df: DataFrame) -> DataFrame:
     return df.withColumn(C, -F.col(C))
 
@@ -84,12 +148,19 @@ def _negate(df: DataFrame) -> DataFrame:
 class DRed:
     """The three steps of 000 §7 for one recursive component, over one run's states."""
 
-    def __init__(self, counting: Counting, component: Component):
+    def __init__(self, counting: Counting, component: Component, change: RuleChange | None = None):
         self.c = counting
         self.ev = counting.ev
         self.preds = component.predicates
         self.component = component
+        self.change = change or RuleChange()
+        #: the rules now (steps 2 and 3), labelled by their position, and the rules the stored state was
+        #: derived with (step 1): the current ones less the added, plus the removed
         self.rules = {p: list(enumerate(counting.program.rules_for(p))) for p in self.preds}
+        self.old_rules = {p: [(r, rule) for r, rule in self.rules[p]
+                              if rule not in self.change.added.get(p, [])]
+                          + [(f"removed{k}", rule) for k, rule in enumerate(self.change.removed.get(p, []))]
+                          for p in self.preds}
         self.schemas = {p: with_count(counting.schemas(p)) for p in self.preds}
         #: tuples over-deleted, rederived and inserted (after ``run``)
         self.stats: dict[str, int] = {}
@@ -108,11 +179,10 @@ class DRed:
 
     # -- what changed below the component ------------------------------------------------------------
 
-    def lower_changes(self, pred: str, r: int, sign: int) -> dict[int, DataFrame]:
+    def lower_changes(self, pred: str, r: int | str, rule: Rule, sign: int) -> dict[int, DataFrame]:
         """Per subgoal of rule ``r`` of ``pred`` outside the component whose input changed in this run,
         the bindings it gained (sign +1, Add) or lost (sign -1, Del), count 1; written once to the
         scratch space, empty ones left out."""
-        rule = self.c.program.rules_for(pred)[r]
         inside = recursive_positions(rule, self.preds)
         out = {}
         for j, item in enumerate(rule.body):
@@ -135,20 +205,25 @@ class DRed:
         return out
 
     def seeds(self, sign: int, whole: Callable[[str], DataFrame], state: str) -> dict[str, DataFrame]:
-        """The first round of step 1 (sign -1: Del of the lower subgoals, everything else old) or step 3
-        (sign +1: Add, everything else new): one term per rule and changed lower subgoal."""
+        """The first round of step 1 (sign -1: Del of the lower subgoals, everything else old, over the
+        old rules; and every derivation of a removed rule) or step 3 (sign +1: Add, everything else
+        new; and every derivation of an added rule): one term per rule and changed lower subgoal."""
         out = {}
         for p in self.preds:
             terms = []
-            for r, rule in self.rules[p]:
-                for j, part in self.lower_changes(p, r, sign).items():
+            for r, rule in self.old_rules[p] if sign < 0 else self.rules[p]:
+                for j, part in self.lower_changes(p, r, rule, sign).items():
                     terms.append(self.ev.rule(rule, self._subgoals(p, r, rule, state, whole, {j: part}),
                                               self.absent(state), first=j))
+            changed = self.change.removed if sign < 0 else self.change.added
+            for k, rule in enumerate(changed.get(p, [])):
+                terms.append(self.ev.rule(rule, self._subgoals(p, f"changed{k}", rule, state, whole, {}),
+                                          self.absent(state)))
             if terms:
                 out[p] = as_set(union_all(terms), self.columns(p))
         return out
 
-    def _subgoals(self, pred: str, r: int, rule, state: str, whole: Callable[[str], DataFrame],
+    def _subgoals(self, pred: str, r: int | str, rule: Rule, state: str, whole: Callable[[str], DataFrame],
                   given: dict[int, DataFrame], shift: int = 0) -> Callable[[int, BodyItem], DataFrame | None]:
         """Body items of rule ``r``: ``given`` positions as given, the component's subgoals from
         ``whole``, lower subgoals at ``state``. ``shift``: leading items added to the rule's body."""
@@ -166,12 +241,14 @@ class DRed:
     def _rounds(self, rounds: Rounds, candidates: dict[str, DataFrame], whole: Callable[[str], DataFrame],
                 state: str, known: Callable[[str, DataFrame], DataFrame] | None = None) -> None:
         """Semi-naive rounds to the fixpoint: each round's new tuples at the Δ position of the
-        component's subgoals, ``whole`` at the others, lower subgoals at ``state``."""
+        component's subgoals, ``whole`` at the others, lower subgoals at ``state`` (the old rules in the
+        old state, step 1)."""
+        rules = self.old_rules if state == OLD else self.rules
         while candidates:
             changed = rounds.add(candidates, known)
             candidates = {}
             for p in self.preds:
-                terms = [t for r, rule in self.rules[p]
+                terms = [t for r, rule in rules[p]
                          for t in seminaive_terms(self.ev, rule, self.preds, changed, whole,
                                                   self._subgoals(p, r, rule, state, whole, {}), self.absent(state))]
                 if terms:
