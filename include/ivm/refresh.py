@@ -170,7 +170,8 @@ def _plan_views(project: Project, p: Plan, wanted: list[str] | None, mode: str) 
             reason = f"{missing[0]} is not materialized yet"
         elif recomputed:
             reason = f"reads {', '.join(recomputed)}, recomputed in this run"
-        change = _rule_change(project, view, d) if reason == "the definition changed" else None
+        recursive = algorithm(program, strata, view).startswith("DRed")
+        change = _rule_change(project, view, d) if reason == "the definition changed" and recursive else None
         if isinstance(change, RuleChange):
             followed.add(view)
             work.append(ViewWork(view, strata.stratum_of[view], "incremental",

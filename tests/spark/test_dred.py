@@ -350,3 +350,16 @@ def test_changed_rules_are_followed_by_dred(make_project, tmp_path):
     assert work.mode == "full" and work.reason.startswith("the definition changed")
     for project in (added, removed, again):
         project.close()
+
+
+def test_rederivation_keeps_paths_that_start_or_end_at_null(make_project, tmp_path):
+    """Step 2 restricts to the over-deleted tuples null-safely (a restriction, not a join of the rule):
+    deleting d→b over-deletes (NULL, a), which keeps the derivation NULL→d→a and must be rederived."""
+    p = make_project(TABLES, views={"tc": DEFINITIONS["tc"]})
+    load(p, tmp_path, {"link": [(None, "d"), ("d", "b"), ("b", "a"), ("d", "a"), ("b", None)], "blocked": [],
+                       "wlink": []})
+    p.refresh()
+    append(p, tmp_path, 1, {"link": [("delete", ("d", "b"))]})
+    assert p.refresh().views[0].detail == {"over-deleted": 6, "rederived": 2, "inserted": 0}
+    assert sets(p)["tc"] == recomputed(p, tmp_path / "r")["tc"] == {
+        ("b", "a"): 1, ("b", None): 1, ("d", "a"): 1, (None, "a"): 1, (None, "d"): 1}

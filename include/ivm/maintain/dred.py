@@ -276,8 +276,9 @@ class DRed:
                 ext = rederivation_rule(rule)  # body item 0 is δ⁻(p): the rule's own items shift by one
                 lead = {0: self.ev.atom(ext.body[0].atom, over[p])}
                 other = self._subgoals(p, r, rule, NEW, whole, lead, shift=1)
-                frames = [self.ev.rule(ext, other, self.absent(NEW), first=0)] if changed is None else \
-                    seminaive_terms(self.ev, ext, self.preds, changed, whole, other, self.absent(NEW), skip={0})
+                frames = [self.ev.rule(ext, other, self.absent(NEW), first=0, restrict_first=True)] \
+                    if changed is None else seminaive_terms(self.ev, ext, self.preds, changed, whole, other,
+                                                            self.absent(NEW), skip={0}, lead=0)
                 if any(isinstance(a, Expr) for a in rule.head.args):  # computed head columns bind nothing
                     frames = [restrict(f, over[p], self.columns(p)) for f in frames]
                 out += frames

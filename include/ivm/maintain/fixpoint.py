@@ -129,11 +129,11 @@ class Rounds:
 
 def seminaive_terms(ev, rule: Rule, preds: Collection[str], changed: Mapping[str, DataFrame],
                     whole: Callable[[str], DataFrame], other: Subgoal, absent: Absent | None = None,
-                    skip: Collection[int] = ()) -> list[DataFrame]:
+                    skip: Collection[int] = (), lead: int | None = None) -> list[DataFrame]:
     """One semi-naive round of ``rule``: for every subgoal on a component predicate that changed in the
     previous round, the rule with that subgoal read from the change (the joins start there) and the
     component's other subgoals from ``whole``; ``other(j, item)`` gives the remaining subgoals and the
-    positions in ``skip``."""
+    positions in ``skip``. ``lead``: a restricting item to start the joins from (DRed's δ⁻(p))."""
     terms = []
     for i in recursive_positions(rule, preds):
         if i in skip or rule.body[i].atom.pred not in changed:
@@ -146,7 +146,8 @@ def seminaive_terms(ev, rule: Rule, preds: Collection[str], changed: Mapping[str
                 return ev.atom(item.atom, whole(item.atom.pred))
             return other(j, item)
 
-        terms.append(ev.rule(rule, subgoal, absent, first=i))
+        terms.append(ev.rule(rule, subgoal, absent, first=i if lead is None else lead,
+                             restrict_first=lead is not None))
     return terms
 
 

@@ -156,13 +156,15 @@ class Evaluator:
         return anti_join(df, self.atom(item.atom), item.null_safe)
 
     def rule(self, rule: Rule, subgoal: Subgoal | None = None, absent: Absent | None = None,
-             first: int | None = None) -> DataFrame:
+             first: int | None = None, restrict_first: bool = False) -> DataFrame:
         """The Z-set of the rule's head: one derivation per combination of its positive subgoals.
 
         ``subgoal(i, item)`` gives the relation the i-th body item joins (None: not joined) and
         ``absent(i, item, df)`` applies a negated atom that is not joined; the delta rules of the
         counting algorithm pass their own, choosing old, new or Δ states (000 Definition 4.1).
         ``first``: the body item to start the joins from (the Δ subgoal, the smallest).
+        ``restrict_first``: the first item only restricts the rule to known tuples (DRed's δ⁻(p) in a
+        Δʳ-rule): its variables match whole tuples, NULLs equal, until a body item binds them.
         """
         subgoal, absent = subgoal or self.subgoal, absent or self.absent
         df: DataFrame | None = None
@@ -173,12 +175,16 @@ class Evaluator:
         # set operators compare whole tuples with NULLs equal: the rule's joins are all null-safe then,
         # whichever side the joins start from
         null_safe = any(isinstance(i, Literal) and i.null_safe for i in rule.body)
+        lead: set[str] = set()  # variables bound by the restricting first item alone
         for i in order:
             item = rule.body[i]
             if isinstance(item, Literal | GroupBy | SetOf):
                 right = subgoal(i, item)
                 if right is not None:
-                    df = _join(df, right, null_safe and isinstance(item, Literal))
+                    start = df is None
+                    df = _join(df, right, null_safe and isinstance(item, Literal), lead)
+                    lead = {c for c in right.columns if c != C} if start and restrict_first else \
+                        lead - set(right.columns)
                     joined.add(i)
         if df is None:  # a rule of conditions only: one empty tuple
             df = self._unit()
@@ -189,7 +195,7 @@ class Evaluator:
             if not ready:
                 raise ConfigError(f"rule `{rule}`: assignments depend on each other")
             for a in ready:
-                df = _assign(df, a) if isinstance(a, Assign) else _unnest(df, a)
+                df = _assign(df, a, lead) if isinstance(a, Assign) else _unnest(df, a, lead)
                 pending.remove(a)
         for item in rule.body:
             if isinstance(item, Condition):
@@ -206,15 +212,20 @@ class Evaluator:
         return any_rel.sparkSession.range(1).select(F.lit(1).cast("long").alias(C))
 
 
-def _assign(df: DataFrame, a: Assign) -> DataFrame:
+def _equal(a, b, null_safe: bool):
+    return a.eqNullSafe(b) if null_safe else a == b
+
+
+def _assign(df: DataFrame, a: Assign, lead: set[str] = frozenset()) -> DataFrame:
     """``X = expr``: a new column; if a subgoal joined earlier bound X already (a delta rule may start
-    from a Δ(¬q) subgoal over X), the assignment is an equality test instead (SQL =)."""
+    from a Δ(¬q) subgoal over X), the assignment is an equality test instead (SQL =; NULLs equal when
+    only a restricting first item bound X)."""
     if a.var.name in df.columns:
-        return df.where(F.col(_q(a.var.name)) == F.expr(str(a.expr)))
+        return df.where(_equal(F.col(_q(a.var.name)), F.expr(str(a.expr)), a.var.name in lead))
     return df.withColumn(a.var.name, F.expr(str(a.expr)))
 
 
-def _unnest(df: DataFrame, u: Unnest) -> DataFrame:
+def _unnest(df: DataFrame, u: Unnest, lead: set[str] = frozenset()) -> DataFrame:
     """002 §2.2's extraction: one row per element, the row's count kept (each element a derivation).
     Elements already bound by an earlier join are compared with the extracted ones (SQL =)."""
     generator = f"{u.kind}{'_outer' if u.outer else ''}({u.array})"
@@ -222,7 +233,7 @@ def _unnest(df: DataFrame, u: Unnest) -> DataFrame:
     names = ", ".join(_q(f"__u_{v.name}" if v.name in bound else v.name) for v in u.elements)
     out = df.selectExpr("*", f"{generator} AS ({names})")
     for v in bound:
-        out = out.where(F.col(_q(v)) == F.col(_q(f"__u_{v}"))).drop(f"__u_{v}")
+        out = out.where(_equal(F.col(_q(v)), F.col(_q(f"__u_{v}")), v in lead)).drop(f"__u_{v}")
     return out
 
 
@@ -236,16 +247,16 @@ def _head_column(arg, name: str):
     raise ConfigError(f"_ cannot appear in a rule head (column {name})")
 
 
-def _join(left: DataFrame | None, right: DataFrame, null_safe: bool) -> DataFrame:
-    """Natural join on shared variables; Z-set counts multiply."""
+def _join(left: DataFrame | None, right: DataFrame, null_safe: bool, lead: set[str] = frozenset()) -> DataFrame:
+    """Natural join on shared variables; Z-set counts multiply. Variables in ``lead`` (bound by a
+    restricting first item alone) match with NULLs equal."""
     if left is None:
         return right
     shared = [c for c in right.columns if c != C and c in left.columns]
     r = right.withColumnRenamed(C, "__rc")
     for c in shared:
         r = r.withColumnRenamed(c, f"__r_{c}")
-    cond = [(left[_q(c)].eqNullSafe(r[_q(f"__r_{c}")]) if null_safe else left[_q(c)] == r[_q(f"__r_{c}")])
-            for c in shared]
+    cond = [_equal(left[_q(c)], r[_q(f"__r_{c}")], null_safe or c in lead) for c in shared]
     joined = left.join(r, reduce(lambda a, b: a & b, cond), "inner") if cond else left.crossJoin(r)
     return (joined.withColumn(C, F.col(C) * F.col("__rc"))
                   .drop("__rc", *[f"__r_{c}" for c in shared]))

@@ -48,7 +48,7 @@ def main() -> int:
 
     say("\n== ivm refresh: materialize the views at the loaded snapshot")
     result = project.refresh(progress=lambda line: say(f"   {line}"))
-    for name in ("seats_per_flight", "unbooked_flights", "only_tri_hop"):
+    for name in ("seats_per_flight", "unbooked_flights", "only_tri_hop", "reach"):
         say(f"\n   {name}:")
         show(project, name)
 
@@ -62,7 +62,8 @@ def main() -> int:
         say(f"   {project.append(table, str(DATA / file), fmt).describe()}")
 
     say("\n== ivm refresh: trim every log into a net delta, maintain the views that read a changed table")
-    say("   incrementally (counting: delta rules, GROUPBY states), publish everything at one snapshot")
+    say("   incrementally (counting: delta rules, GROUPBY states; DRed for the recursive reach: the cycle")
+    say("   a->b->c->d->a loses d->a), publish everything at one snapshot")
     result = project.refresh(progress=lambda line: say(f"   {line}"))
     say(tabulate(result.summary_rows(), headers=result.SUMMARY_HEADERS, tablefmt="simple"))
     say("\n   what the incremental refresh changed in each view (+1 a tuple derived once more, -1 once less):")
@@ -73,7 +74,7 @@ def main() -> int:
             rows = [tuple(r) for r in delta.orderBy(*delta.columns).limit(50).collect()]
             say(tabulate(rows, headers=delta.columns, tablefmt="psql", missingval="NULL"))
     for name in ("res", "seats_per_flight", "route_stats", "busy_flights", "unbooked_flights", "only_tri_hop",
-                 "page_counts"):
+                 "page_counts", "reach"):
         say(f"\n   {name} now:")
         show(project, name)
 
