@@ -271,6 +271,20 @@ def test_aggregates_keep_sql_semantics_when_groups_empty(make_project, tmp_path)
     assert _zset(p.read_zset("total").collect()) == {(0, None, None): 1}
 
 
+def test_distinct_aggregate_when_no_distinct_value_changes(make_project, tmp_path):
+    """A batch that adds a duplicate and a NULL changes COUNT(*) but no (group, value) pair of the
+    DISTINCT aggregates: their counts and sums stay (found by the differential test)."""
+    tables = {"t": {"columns": {"k": "string", "v": "int"}}}
+    views = {"d": {"sql": "SELECT k, count(DISTINCT v) AS nd, sum(DISTINCT v) AS sd, count(*) AS n FROM t GROUP BY k"}}
+    p = make_project(tables, views=views)
+    cols = ["k", "v"]
+    p.load("t", _jsonl(tmp_path / "t.jsonl", cols, [("a", 1), ("a", 2)]))
+    p.refresh()
+    p.append("t", _jsonl(tmp_path / "c1.jsonl", cols, [("a", 1), ("a", None)], ["insert", "insert"]))
+    assert p.refresh().views[0].mode == "incremental"
+    assert _zset(p.read_zset("d").collect()) == {("a", 2, 3, 4): 1}
+
+
 KEYED = {"emp": {"columns": {"id": "int", "dept": "string", "sal": "int"}, "key": ["id"]},
          "dept": {"columns": {"name": "string", "region": "string"}, "key": ["name"]}}
 KEYED_VIEWS = {

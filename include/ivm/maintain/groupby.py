@@ -162,8 +162,11 @@ class GroupByState:
         """
         by = self.by
         partial = self._partial(delta_rows)
-        for var, change in distinct_changes.items():
-            part = self._distinct_partial(var, change)
+        for var in self.distinct_args():
+            if var not in distinct_changes:  # no (group, value) pair appeared or vanished: nothing to add
+                partial = partial.select("*", *[F.lit(None).alias(n) for n in self._distinct_names(var)])
+                continue
+            part = self._distinct_partial(var, distinct_changes[var])
             partial = _join_groups(partial, part, by, "full") if by else partial.crossJoin(part)
         groups = partial.select(*[F.col(_q(b)) for b in by]) if by else None
         old = old_state if groups is None else restrict(old_state, groups, by)
@@ -212,6 +215,12 @@ class GroupByState:
                 pick = F.min if k == "min" else F.max
                 cols += [pick(F.when(c > 0, x)).alias(f"{v}__m"), pick(F.when(c < 0, x)).alias(f"{v}__del")]
         return rows.groupBy(*[F.col(_q(b)) for b in self.by]).agg(*cols) if self.by else rows.agg(*cols)
+
+    def _distinct_names(self, var: str) -> list[str]:
+        """The partial's columns for the DISTINCT aggregates over ``var``: count and sum changes."""
+        return [f"{a.var.name}__{x}" for a in self.aggregates
+                if kind(a) == "distinct" and next(iter(a.arg.variables())) == var
+                for x in (["dn"] if a.func == "count" else ["dn", "ds"])]
 
     def _distinct_partial(self, var: str, change: DataFrame) -> DataFrame:
         """Per group, the change of the distinct count and sum: values that appeared minus vanished."""
