@@ -160,6 +160,21 @@ class SqlCompiler:
         self._set_operation(cte.this, pred.name, "aux", "from")
         pred_now = self.program.predicates[pred.name]
         pred_now.owner, pred_now.role = self.view, "from"
+        self._inline_sides(pred.name)
+
+    def _inline_sides(self, pred: str) -> None:
+        """``r :- side(C0, ...)`` for each side of the recursive UNION: the side's own rules become r's
+        (a pass-through predicate in the recursive component would cost the fixpoint a round per step)."""
+        program = self.program
+        for rule in program.rules_for(pred):
+            side = rule.body[0].atom.pred
+            if sum(1 for r in program.rules for q, _ in r.predicates() if q == side) != 1:
+                continue
+            inlined = [Rule(Atom(pred, r.head.args), r.body) for r in program.rules_for(side)]
+            at = program.rules.index(rule)
+            program.rules[at:at + 1] = inlined
+            program.rules = [r for r in program.rules if r.head.pred != side]
+            del program.predicates[side]
 
     def _target(self, name: str | None, kind: str, columns: list[str], semantics: str, role: str) -> Predicate:
         if name is None:
