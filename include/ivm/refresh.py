@@ -4,8 +4,9 @@
               with changes past their watermark and the views whose inputs changed
     trim      per table, the net delta between its watermark and the snapshot, checked (002 §3)
     maintain  per view, stratum by stratum: the counting algorithm over the old states and the deltas
-              (ivm.maintain.counting), or a full recompute from the new snapshot (ivm.maintain.recompute)
-              where the view is new, its definition changed, or the mode says so
+              (ivm.maintain.counting), DRed for recursive components (ivm.maintain.dred), or a full
+              recompute from the new snapshot (ivm.maintain.recompute) where the view is new, its
+              definition changed in a way DRed cannot follow, or the mode says so
     publish   one catalog transaction: new layers, watermarks, the run's outcome (the commit point)
     compact   relations whose layers passed the threshold, as their own atomic step
 
@@ -134,7 +135,11 @@ def _plan_views(project: Project, p: Plan, wanted: list[str] | None, mode: str) 
     * full recompute for ``--mode full`` or a view configured ``mode: full``, a first
       materialization, a changed definition, a stored relation not materialized yet, or a view that
       reads a view recomputed in full in this run (its delta would be the whole difference);
-    * otherwise incremental (the counting algorithm, 000 §4-6) when an input table changed. Counting
+    * incremental across a changed definition when the view is recursive and only rules of its
+      recursive predicates were added or removed: DRed follows rule changes (000 §7), and the views
+      above it are maintained from its delta;
+    * otherwise incremental (the counting algorithm, 000 §4-6, with DRed for recursive components)
+      when an input table changed. Counting
       stores derivation counts and GROUPBY states, so every reference is maintainable under inserts,
       deletes and updates alike: 003's safety conditions concern maintenance *without* counts
       (``strategy: keyed``), not this one.

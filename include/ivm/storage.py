@@ -157,10 +157,6 @@ class Scratch:
     def __init__(self, warehouse: Warehouse, spark: SparkSession, run_id: str):
         self.warehouse, self.spark, self.run_id = warehouse, spark, run_id
 
-    @property
-    def root(self) -> str:
-        return self.warehouse.path("staging", self.run_id)
-
     def put(self, name: str, df: DataFrame) -> tuple[str, int, int]:
         """Write ``df`` as ``name``; (path, rows, bytes) with the numbers from the footers (no extra job)."""
         path = self.warehouse.path("staging", self.run_id, name)
@@ -173,9 +169,6 @@ class Scratch:
         if not paths:
             return self.spark.createDataFrame([], schema)
         return self.spark.read.schema(schema).parquet(*paths)
-
-    def clear(self) -> None:
-        self.warehouse.delete(self.root)
 
 
 def with_count(schema: StructType) -> StructType:
