@@ -49,6 +49,18 @@ def restrict(df: DataFrame, keys: DataFrame, columns: Sequence[str]) -> DataFram
     return df.join(renamed, cond, "left_semi")
 
 
+def anti_join(left: DataFrame, right: DataFrame, null_safe: bool) -> DataFrame:
+    """The tuples of ``left`` with no match in ``right`` on their shared columns: ``not p(...)`` (000
+    Definition 6.1's negation, SQL NOT EXISTS) with ``=``, a set difference with ``null_safe``."""
+    shared = [c for c in right.columns if c != COUNT_COLUMN and c in left.columns]
+    if not shared:  # nothing correlates: any tuple on the right removes every tuple on the left
+        return left.join(right.select(F.lit(1).alias("__any")).limit(1), how="left_anti")
+    r = right.select(*[F.col(f"`{c}`").alias(f"__r_{c}") for c in shared])  # duplicates do not matter
+    cond = [(left[f"`{c}`"].eqNullSafe(r[f"`__r_{c}`"]) if null_safe else left[f"`{c}`"] == r[f"`__r_{c}`"])
+            for c in shared]
+    return left.join(r, reduce(lambda a, b: a & b, cond), "left_anti")
+
+
 def expand(df: DataFrame) -> DataFrame:
     """A consolidated Z-set with positive counts as the bag SQL returns: each tuple ``__count`` times."""
     cols = data_columns(df)

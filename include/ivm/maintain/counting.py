@@ -41,10 +41,10 @@ from ivm.ir import Atom, BodyItem, GroupBy, Literal, Program, SetOf, Var
 from ivm.maintain.delta_rules import DELTA, NEW, OLD, DeltaRule, delta_rules
 from ivm.maintain.dred import DRed, RuleChange
 from ivm.maintain.groupby import GroupByState
-from ivm.maintain.recompute import Evaluator, anti_join, as_used
+from ivm.maintain.recompute import Evaluator, as_used
 from ivm.storage import Scratch
 from ivm.stratify import Component, Strata
-from ivm.zset import consolidate, restrict, union_all
+from ivm.zset import anti_join, consolidate, restrict, union_all
 
 log = logging.getLogger(__name__)
 C = COUNT_COLUMN

@@ -41,14 +41,13 @@ from ivm.maintain.fixpoint import (
     Absent,
     Rounds,
     as_set,
-    minus,
     recursive_positions,
     rederivation_rule,
     seminaive_terms,
 )
 from ivm.storage import with_count
 from ivm.stratify import Component, Strata, stratify
-from ivm.zset import consolidate, restrict, union_all
+from ivm.zset import anti_join, consolidate, restrict, union_all
 
 if TYPE_CHECKING:
     from ivm.maintain.counting import Counting
@@ -303,7 +302,7 @@ class DRed:
         def known(p: str, new: DataFrame) -> DataFrame:  # already in Pᵛ: not an insertion
             cols = self.columns(p)
             present = consolidate(restrict(current(p), new, cols), cols).where(F.col(C) > 0)
-            return minus(new, present, cols)
+            return anti_join(new, present, null_safe=True)
 
         self._rounds(rounds, self.seeds(+1, whole, NEW), whole, NEW, known)
         return rounds
@@ -317,8 +316,8 @@ class DRed:
         for p in self.preds:
             paths = []
             if deleted.rows[p] > rederived.rows[p]:
-                paths = [self.c.states.scratch.put(f"{p}__dred_gone", minus(deleted.all(p), rederived.all(p),
-                                                                            self.columns(p)))[0]]
+                paths = [self.c.states.scratch.put(f"{p}__dred_gone",
+                                                  anti_join(deleted.all(p), rederived.all(p), null_safe=True))[0]]
             gone[p] = self.c.states.scratch.read(paths, self.schemas[p])
         inserted = self.insert(gone)
         self.stats = {"over-deleted": sum(deleted.rows.values()), "rederived": sum(rederived.rows.values()),

@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Collection, Mapping
-from functools import reduce
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -30,7 +29,7 @@ from ivm.config import COUNT_COLUMN
 from ivm.errors import ConfigError
 from ivm.ir import Atom, BodyItem, Const, Literal, Rule, Var, Wildcard
 from ivm.stratify import Component
-from ivm.zset import consolidate, union_all
+from ivm.zset import anti_join, consolidate, union_all
 
 log = logging.getLogger(__name__)
 C = COUNT_COLUMN
@@ -53,15 +52,6 @@ def recursive_positions(rule: Rule, preds: Collection[str]) -> list[int]:
 def as_set(df: DataFrame, columns: list[str]) -> DataFrame:
     """The support of a Z-set: every tuple with a positive count, once (count 1)."""
     return consolidate(df, columns).where(F.col(C) > 0).withColumn(C, F.lit(1).cast("long"))
-
-
-def minus(df: DataFrame, other: DataFrame, columns: list[str]) -> DataFrame:
-    """The tuples of ``df`` not in ``other`` (whole tuples compared, NULLs equal)."""
-    if not columns:
-        return df.join(other.select(F.lit(1).alias("__any")).limit(1), how="left_anti")
-    r = other.select(*[F.col(f"`{c}`").alias(f"__m{i}") for i, c in enumerate(columns)])  # duplicates do not matter
-    cond = reduce(lambda a, b: a & b, [df[f"`{c}`"].eqNullSafe(r[f"__m{i}"]) for i, c in enumerate(columns)])
-    return df.join(r, cond, "left_anti")
 
 
 def rederivation_rule(rule: Rule) -> Rule:
@@ -108,10 +98,9 @@ class Rounds:
                               "endless)")
         out, added = {}, {}
         for pred, cand in candidates.items():
-            cols = self.columns(pred)
             new = cand.select(*[F.col(f"`{f.name}`").cast(f.dataType) for f in self.schemas[pred].fields])
             if self.paths[pred]:
-                new = minus(new, self.all(pred), cols)
+                new = anti_join(new, self.all(pred), null_safe=True)
             if known is not None:
                 new = known(pred, new)
             path, rows, size = self.ev.scratch.put(f"{pred}__{self.step}{self.round}", new)

@@ -39,7 +39,7 @@ from ivm.ir import (
 from ivm.maintain import fixpoint
 from ivm.storage import Scratch
 from ivm.stratify import Strata
-from ivm.zset import consolidate, expand, union_all
+from ivm.zset import anti_join, consolidate, expand, union_all
 
 C = COUNT_COLUMN
 Subgoal = Callable[[int, BodyItem], DataFrame | None]
@@ -260,14 +260,3 @@ def _join(left: DataFrame | None, right: DataFrame, null_safe: bool, lead: set[s
     joined = left.join(r, reduce(lambda a, b: a & b, cond), "inner") if cond else left.crossJoin(r)
     return (joined.withColumn(C, F.col(C) * F.col("__rc"))
                   .drop("__rc", *[f"__r_{c}" for c in shared]))
-
-
-def anti_join(left: DataFrame, right: DataFrame, null_safe: bool) -> DataFrame:
-    """``not p(...)``: keep the tuples with no match (000 Definition 6.1's negation, SQL NOT EXISTS)."""
-    shared = [c for c in right.columns if c != C and c in left.columns]
-    if not shared:  # nothing correlates: any tuple on the right removes every tuple on the left
-        return left.join(right.select(F.lit(1).alias("__any")).limit(1), how="left_anti")
-    r = right.select(*[F.col(_q(c)).alias(f"__r_{c}") for c in shared]).distinct()
-    cond = [(left[_q(c)].eqNullSafe(r[_q(f"__r_{c}")]) if null_safe else left[_q(c)] == r[_q(f"__r_{c}")])
-            for c in shared]
-    return left.join(r, reduce(lambda a, b: a & b, cond), "left_anti")
