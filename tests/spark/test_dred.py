@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from ivm.errors import ConfigError
 from ivm.maintain.recompute import Evaluator
-from tests.spark.test_counting import STREAMS, _jsonl, _zset, assert_close
+from tests.spark.test_counting import STREAMS, _jsonl, _zset, apply_batch, assert_close
 from tests.spark.test_recompute import _norm
 
 TABLES = {"link": {"columns": {"src": "string", "dst": "string"}},
@@ -203,15 +203,6 @@ def batch(draw, state: dict[str, list[tuple]]) -> dict[str, list[tuple[str, tupl
         if changes:
             out[table] = changes
     return out
-
-
-def apply_batch(state: dict[str, list[tuple]], changes: dict[str, list[tuple[str, tuple]]]) -> None:
-    for table, items in changes.items():
-        for kind, row in items:
-            if kind == "delete":
-                state[table].remove(row)
-            else:
-                state[table].append(row)
 
 
 @pytest.mark.e2e
