@@ -40,6 +40,7 @@ from ivm.config import COUNT_COLUMN
 from ivm.ir import Atom, BodyItem, GroupBy, Literal, Program, SetOf, Var
 from ivm.maintain.delta_rules import DELTA, NEW, OLD, DeltaRule, delta_rules
 from ivm.maintain.dred import DRed, RuleChange
+from ivm.maintain.fixpoint import BROADCAST_BYTES
 from ivm.maintain.groupby import GroupByState
 from ivm.maintain.recompute import Evaluator, as_used
 from ivm.storage import Scratch
@@ -48,9 +49,6 @@ from ivm.zset import anti_join, consolidate, restrict, union_all
 
 log = logging.getLogger(__name__)
 C = COUNT_COLUMN
-#: a delta layer up to this size (Parquet bytes) is broadcast into the joins of its delta rules, so the
-#: large relations it joins are scanned once and never shuffled
-BROADCAST_BYTES = 64 * 2**20
 
 
 def _q(name: str) -> str:

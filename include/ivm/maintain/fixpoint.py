@@ -35,7 +35,8 @@ log = logging.getLogger(__name__)
 C = COUNT_COLUMN
 #: rounds a fixpoint may take before the refresh fails (per view: ``max_iterations`` in the project file)
 DEFAULT_MAX_ITERATIONS = 1000
-#: a round's new tuples up to this size (Parquet bytes) are broadcast into the next round's joins
+#: a delta (a round's new tuples, a delta layer) up to this size in Parquet bytes is broadcast into the
+#: joins that read it, so the large relations it joins are scanned once and never shuffled
 BROADCAST_BYTES = 64 * 2**20
 
 Subgoal = Callable[[int, BodyItem], DataFrame | None]
