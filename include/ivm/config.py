@@ -177,6 +177,9 @@ class ViewConfig(_Model):
     strategy: Literal["counting", "keyed", "reduce"] | None = None
     #: rounds a recursive fixpoint (evaluation or a DRed step) may take before the refresh fails
     max_iterations: int = Field(1000, ge=1)
+    #: CReaM (001 §4): materialize an auxiliary view for each setof subgoal and for each GROUP BY with a
+    #: non-distributive aggregate over a table, so the view is refreshed from it and the deltas alone
+    auxiliary_views: bool = True
     #: the file the definition came from, if any (set by the loader)
     source: str | None = None
 

@@ -14,6 +14,7 @@ from tabulate import tabulate
 from ivm.analysis import analyse
 from ivm.config import ProjectConfig
 from ivm.ir import Literal, Program, SetOf
+from ivm.maintain import cream
 from ivm.maintain.counting import groupby_subgoals, view_predicates
 from ivm.maintain.delta_rules import delta_rules
 from ivm.maintain.dred import dred_rules
@@ -45,6 +46,14 @@ class Explanation:
     #: the view's recursive components (maintained by DRed, 000 §7) and their Δ⁻/Δʳ/Δ⁺ rules
     recursive_components: list[list[str]]
     dred_rules: list[dict]
+    #: CReaM's auxiliary views (001 Figure 1): what each stands for and the view's rule over it
+    auxiliary_views: list[dict]
+    #: the tables an incremental refresh reads besides their deltas, and why; none: self-maintainable
+    tables_read: dict[str, str]
+
+    @property
+    def self_maintainable(self) -> bool:
+        return not self.tables_read
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -60,8 +69,17 @@ class Explanation:
             *[f"  {r}" for r in self.rules],
             f"maintenance: {self.algorithm}",
             *[f"  - {r}" for r in self.reasons],
-            "key-based analysis (003):",
         ]
+        for a in self.auxiliary_views:
+            lines += [f"CReaM rewrite (001 Figure 1) with the auxiliary view {a['name']}:",
+                      f"  {a['auxiliary_view']}", f"  {a['view_rule']}", f"  maintained by {a['maintenance']}"]
+        if self.self_maintainable:
+            lines.append(f"self-maintainable (001 §5): a refresh reads the deltas of {', '.join(self.tables) or '-'} "
+                         "and the view's own stored relations, never the tables themselves")
+        else:
+            lines.append("tables a refresh reads besides their deltas:")
+            lines += [f"  {t}: {why}" for t, why in self.tables_read.items()]
+        lines.append("key-based analysis (003):")
         kb = self.key_based
         if kb["applicable"]:
             lines.append("  applies: every operation below marked incremental needs no recomputation")
@@ -119,6 +137,9 @@ def explain(program: Program, strata: Strata, config: ProjectConfig, view: str) 
         key_based_rules=[{"name": r.name, "when": r.when, "sql": r.sql} for r in derived_rules(program, view)],
         recursive_components=[list(c.predicates) for c in components],
         dred_rules=[r for c in components for r in dred_rules(program, c)],
+        auxiliary_views=cream.auxiliary_views(program, view),
+        tables_read=cream.tables_read(program, view_predicates(program, strata, view),
+                                      {p for c in components for p in c.predicates}),
     )
 
 
@@ -155,8 +176,22 @@ def choose(program: Program, strata: Strata, config: ProjectConfig, view: str) -
         for name, _, g in groupby_subgoals(program, p):
             reasons.append(f"aggregation ({g}): 000 Algorithm 6.1 with the stored state {name}:")
             reasons += [f"  {describe(a)}" for a in g.aggregates]
-    if any(isinstance(i, SetOf) for r in rules for i in r.body):
-        reasons.append("setof (001): each group touched by the delta is rebuilt from the old and new input")
+    for r in rules:
+        for item in r.body:
+            if not isinstance(item, SetOf):
+                continue
+            if program.predicates[item.atom.pred].role == cream.ROLE:
+                reasons.append(f"{item}: CReaM (001 Figure 1): the auxiliary view {item.atom.pred} keeps every "
+                               "variable of φ, Δ1–Δ6 maintain it from φ⁺/φ⁻ alone, and the view counts its "
+                               "derivations from v_a⁺/v_a⁻")
+            elif cream.case1(program, r, item):
+                reasons.append(f"{item}: 001 §3 Case 1: the view holds every outer variable, so it is its own v_a; "
+                               "Δ1–Δ6 over its stored sets and φ's set changes")
+            elif cream.pure(item.atom) and program.predicates[item.atom.pred].semantics == "set":
+                reasons.append(f"{item}: Δ1–Δ6 (001 §3) over {item.atom.pred}, which serves as v_a")
+            else:
+                reasons.append(f"{item}: no auxiliary view (auxiliary_views: false): each touched group's set is "
+                               "re-read from φ before and after the change (001 §3, Γ1–Γ6)")
     return ("DRed" if len(components) == len(preds) else "DRed + counting") if components else "counting", reasons
 
 

@@ -79,6 +79,20 @@ class Atom:
         return f"{self.pred}({', '.join(map(str, self.args))})"
 
 
+def column_names(atom: Atom) -> list[str]:
+    """Column names for a predicate defined by rules with this head: its variables, lowercased (numbered
+    where they repeat), ``cN`` for other terms."""
+    names: list[str] = []
+    for i, a in enumerate(atom.args):
+        base = a.name.lower() if isinstance(a, Var) else f"c{i + 1}"
+        name, n = base, 1
+        while name in names:
+            n += 1
+            name = f"{base}_{n}"
+        names.append(name)
+    return names
+
+
 @dataclass(frozen=True)
 class Literal:
     atom: Atom
@@ -126,10 +140,16 @@ class Aggregate:
     def call(self) -> str:
         """The aggregate as a Spark SQL call over its argument."""
         if self.template is not None:
-            collect = f"{'collect_set' if self.distinct else 'collect_list'}({self.arg})"
+            # an aggregate over a (multi)set gets its values in one order, sorted: a Python function of a
+            # list then returns the same value however the rows were read (001 §2: aggregates are
+            # predicates over sets, which have no order)
+            collect = f"array_sort({'collect_set' if self.distinct else 'collect_list'}({self.arg}))"
             return self.template.replace(VALUES_PLACEHOLDER, collect)
         inner = "*" if self.arg is None else ("DISTINCT " if self.distinct else "") + str(self.arg)
-        text = f"{self.func}({', '.join([inner, *self.params])})"
+        # MODE with ties returns the least of the most frequent values (Spark's deterministic mode), so
+        # a group recomputed incrementally gets the value a full recompute gets
+        params = ("true",) if self.func == "mode" and not self.params else self.params
+        text = f"{self.func}({', '.join([inner, *params])})"
         # a set has no order: collect_set's array is sorted so equal sets are equal values
         return f"array_sort({text})" if self.func == "collect_set" else text
 

@@ -76,6 +76,13 @@ DIALECT_VIEWS = {
     # registered aggregates: a Spark SQL expression over the values, and a Python function of a list
     "v_uda": ("SELECT b, spread(a) AS sp, pylen(a) AS n, spread(DISTINCT a) AS spd FROM r GROUP BY b",
               "SELECT b, max(a) - min(a), count(a), max(a) - min(a) FROM r GROUP BY b"),
+    # several non-distributive aggregates per view; MODE's ties go to the least value (Spark's deterministic
+    # mode; DuckDB picks any, so its side says which one)
+    "v_mode": ("SELECT b, mode(a) AS mo, count(DISTINCT a) AS d, median(a) AS med, pylen(a) AS n FROM r GROUP BY b",
+               "SELECT r.b, m.mo, count(DISTINCT r.a), median(r.a), count(r.a) FROM r LEFT JOIN "
+               "(SELECT b, min(a) AS mo FROM (SELECT b, a, count(*) AS n, max(count(*)) OVER (PARTITION BY b) AS mx "
+               "FROM r WHERE a IS NOT NULL GROUP BY b, a) WHERE n = mx GROUP BY b) m ON r.b IS NOT DISTINCT FROM m.b "
+               "GROUP BY r.b, m.mo"),
     "v_collect_set": ("SELECT b, collect_set(a) AS s FROM r GROUP BY b",
                       # Spark collects no values into an empty array, where SQL says NULL
                       "SELECT b, coalesce(list_sort(list(DISTINCT a) FILTER (WHERE a IS NOT NULL)), []::INTEGER[]) "
@@ -106,6 +113,18 @@ DATALOG_VIEWS = {
                   "SELECT count(*) FROM (SELECT DISTINCT defeated, location FROM tournament WHERE victor = 'yoda')"),
     "cost_spread": ("cost_spread(S, W, N) :- setof(C, clink(S, D, C), X), spread(X, W), pylen(X, N).",
                     "SELECT DISTINCT src, max(cost) - min(cost), count(DISTINCT cost) FROM clink GROUP BY src, dst"),
+    # 001 §4: two setof subgoals, one auxiliary view each
+    "rivals": ("rivals(V, W1, W2) :- setof(D, tournament(V, D, L), W1), setof(L2, tournament(V, yoda, L2), W2).",
+               "SELECT DISTINCT a.victor, a.s1, b.s2 FROM (SELECT victor, list_sort(list(DISTINCT defeated)) AS s1 "
+               "FROM tournament GROUP BY victor, location) a JOIN (SELECT victor, list_sort(list(DISTINCT location)) "
+               "AS s2 FROM tournament WHERE defeated = 'yoda' GROUP BY victor) b ON a.victor = b.victor"),
+    # 001 §3 Case 1: every outer variable in the head
+    "dominates_at": ("dominates_at(V, L, W) :- setof(D, tournament(V, D, L), W).",
+                     "SELECT victor, location, list_sort(list(DISTINCT defeated)) FROM tournament "
+                     "GROUP BY victor, location"),
+    "cost_median": ("cost_median(S, M) :- setof(C, clink(S, D, C), X), median(X, M).",
+                    "SELECT DISTINCT src, median(cost) FROM (SELECT DISTINCT src, dst, cost FROM clink) "
+                    "GROUP BY src, dst"),
     "cost_spread_g": ("cost_spread_g(S, D, W) :- groupby(clink(S, D, C), [S, D], W = spread(C)).",
                       "SELECT DISTINCT src, dst, max(cost) - min(cost) FROM clink GROUP BY src, dst"),
     "reachable_pairs": ("reachable_pairs(X, Y) :- link(X, Y), X != Y.\nreachable_pairs(X, Y) :- hop(X, Y).",

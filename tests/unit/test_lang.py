@@ -56,10 +56,28 @@ def test_001_setof_views():
         "dominates": {"datalog": "dominates(V, W) :- setof(D, tournament(V, D, L), W)."}}})
     prog = compile_project(cfg)
     strata = stratify(prog)
+    # CReaM Step 1 (001 Figure 1): each setof reads an auxiliary view of all of φ's variables (stored
+    # unnested: (X̄, Z̄, Ȳ) with derivation counts)
     assert [str(r) for r in prog.rules] == [
-        "victories(V, W) :- setof(D, tournament(V, D, L), S), W = SIZE(`S`).",
-        "dominates(V, W) :- setof(D, tournament(V, D, L), W)."]
-    assert strata.stratum_of["victories"] == strata.stratum_of["dominates"] == 1
+        "victories__va1(V, L, D) :- tournament(V, D, L).",
+        "victories(V, W) :- setof(D, victories__va1(V, L, D), S), W = SIZE(`S`).",
+        "dominates__va1(V, L, D) :- tournament(V, D, L).",
+        "dominates(V, W) :- setof(D, dominates__va1(V, L, D), W)."]
+    va = prog.predicates["dominates__va1"]
+    assert (va.kind, va.owner, va.semantics, va.columns) == ("aux", "dominates", "set", ["v", "l", "d"])
+    assert strata.stratum_of["victories"] == strata.stratum_of["dominates"] == 2
+    # without auxiliary views the setof reads the table; Case 1 over a keyed table (a set, read whole)
+    # needs none: the view is its own v_a
+    keyed = {"t": {"columns": {"v": "string", "d": "string", "l": "string"}, "key": ["v", "d", "l"]}}
+    prog = compile_project(parse_project({"tables": {**tables, **keyed}, "views": {
+        "plain": {"datalog": "plain(V, W) :- setof(D, tournament(V, D, L), W).", "auxiliary_views": False},
+        "at": {"datalog": "at(V, L, W) :- setof(D, t(V, D, L), W)."},
+        "at_bag": {"datalog": "at_bag(V, L, W) :- setof(D, tournament(V, D, L), W)."}}}))
+    assert [str(r) for r in prog.rules] == [
+        "plain(V, W) :- setof(D, tournament(V, D, L), W).",
+        "at(V, L, W) :- setof(D, t(V, D, L), W).",
+        "at_bag__va1(V, L, D) :- tournament(V, D, L).",
+        "at_bag(V, L, W) :- setof(D, at_bag__va1(V, L, D), W)."]
     with pytest.raises(ConfigError, match="the set's elements must be variables of tournament"):
         compile_project(parse_project({"tables": tables, "views": {
             "bad": {"datalog": "bad(V, S) :- setof(Q, tournament(V, D, L), S)."}}}))

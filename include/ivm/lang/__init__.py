@@ -9,9 +9,10 @@ from sqlglot.errors import ParseError
 
 from ivm.config import ProjectConfig
 from ivm.errors import ConfigError
-from ivm.ir import Atom, GroupBy, Literal, Predicate, Program, Rule, SetOf, Var
+from ivm.ir import Atom, GroupBy, Literal, Predicate, Program, Rule, SetOf, column_names
 from ivm.lang.datalog import parse_program
 from ivm.lang.sql import SqlCompiler
+from ivm.maintain import cream
 
 
 def _sql_references(name: str, sql: str) -> set[str]:
@@ -26,18 +27,6 @@ def _sql_references(name: str, sql: str) -> set[str]:
 def _datalog_references(rules: list[Rule]) -> set[str]:
     defined = {r.head.pred for r in rules}
     return {p for r in rules for p, _ in r.predicates()} - defined
-
-
-def _column_names(head: Atom) -> list[str]:
-    names: list[str] = []
-    for i, a in enumerate(head.args):
-        base = a.name.lower() if isinstance(a, Var) else f"c{i + 1}"
-        name, n = base, 1
-        while name in names:
-            n += 1
-            name = f"{base}_{n}"
-        names.append(name)
-    return names
 
 
 def add_datalog_view(program: Program, view: str, rules: list[Rule]) -> None:
@@ -56,7 +45,7 @@ def add_datalog_view(program: Program, view: str, rules: list[Rule]) -> None:
     if view not in heads:
         raise ConfigError(f"views.{view}: the Datalog program does not define the predicate {view}")
     for pred, head in heads.items():
-        program.predicates[pred] = Predicate(pred, _column_names(head), "view" if pred == view else "aux",
+        program.predicates[pred] = Predicate(pred, column_names(head), "view" if pred == view else "aux",
                                              "set", owner=view)
     for r in rules:
         for item in r.body:
@@ -114,4 +103,5 @@ def compile_project(config: ProjectConfig) -> Program:
             add_datalog_view(program, v, parsed[v])
         else:
             sql.compile_view(v, config.views[v].definition)
+    cream.rewrite(program, lambda view: config.views[view].auxiliary_views)  # 001 Figure 1, Step 1
     return program

@@ -91,6 +91,10 @@ SET_AGGREGATES = {
     "min": "array_min({s})",
     "max": "array_max({s})",
     "avg": "aggregate({s}, CAST(0 AS DOUBLE), (acc, x) -> acc + x) / size({s})",
+    # the middle element of the (sorted) set, or the mean of the two middle ones
+    "median": "CASE WHEN size({s}) % 2 = 1 THEN CAST(element_at({s}, CAST(size({s}) DIV 2 + 1 AS INT)) AS DOUBLE) "
+              "WHEN size({s}) > 0 THEN (CAST(element_at({s}, CAST(size({s}) DIV 2 AS INT)) AS DOUBLE) "
+              "+ CAST(element_at({s}, CAST(size({s}) DIV 2 + 1 AS INT)) AS DOUBLE)) / 2 END",
 }
 
 _COMPARE = {"=": exp.EQ, "!=": exp.NEQ, "<>": exp.NEQ, "<": exp.LT, "<=": exp.LTE, ">": exp.GT, ">=": exp.GTE}

@@ -19,8 +19,8 @@ in this run are evaluated.
   no longer in Qᵛ, -1 for those not in Q before.
 * **Aggregation** (§6.2, Algorithm 6.1): a Δ(GROUPBY) subgoal is the changed groups of T, computed
   from the stored state of the subgoal (ivm.maintain.groupby); a GROUPBY subgoal in old/new position
-  is T or Tᵛ. A setof subgoal (001) is treated like a non-incrementally computable aggregate: the
-  touched groups are recomputed from the old and new input.
+  is T or Tᵛ. A setof subgoal (001) in Δ position is v_a⁺/v_a⁻, computed by CReaM's differential rules
+  Δ1–Δ6 from the auxiliary view and φ's set changes (ivm.maintain.cream).
 
 Presence checks (negation, statement (2), distinct values) consolidate the stored layers restricted to
 the keys in the delta, never a whole relation; positive subgoals read the layers as they are, since
@@ -38,6 +38,7 @@ from pyspark.sql import functions as F
 
 from ivm.config import COUNT_COLUMN
 from ivm.ir import Atom, BodyItem, GroupBy, Literal, Program, SetOf, Var
+from ivm.maintain import cream
 from ivm.maintain.delta_rules import DELTA, NEW, OLD, DeltaRule, delta_rules
 from ivm.maintain.dred import DRed, RuleChange
 from ivm.maintain.fixpoint import BROADCAST_BYTES
@@ -198,7 +199,10 @@ class Counting:
         if delta is None:
             return
         p = self.program.predicates[pred]
-        if p.semantics == "set":  # 000 Algorithm 4.1 statement (2): only set changes propagate upward
+        # 000 Algorithm 4.1 statement (2): only set changes propagate upward. A keyed table's net delta is
+        # one already (trimming refused an insert of a present key and a delete of an absent row), so a
+        # table is never read here
+        if p.semantics == "set" and p.kind != "base":
             path, rows, _ = self.states.scratch.put(f"{pred}__set_change",
                                                     presence_change(self.states.old(pred), delta, list(p.columns)))
             if not rows:
@@ -279,7 +283,7 @@ class Counting:
             return self.ev.groupby(item, self.source(item.atom, state))
         assert isinstance(item, SetOf)
         if state == DELTA:
-            return self.setof_delta(f"{pred}__setof{r}_{j}", item)
+            return self.setof_delta(pred, r, j, item)
         return self.ev.setof(item, self.source(item.atom, state))
 
     def absent(self, item: Literal, df: DataFrame, state: str) -> DataFrame:
@@ -325,18 +329,31 @@ class Counting:
         written = self.states.put_delta(name, dstate)
         return consolidate(st.finalize(written if written is not None else self.states.read(name, [])))
 
-    def setof_delta(self, name: str, s: SetOf) -> DataFrame:
+    def setof_delta(self, pred: str, r: int | str, j: int, s: SetOf) -> DataFrame:
         """A setof subgoal's changed groups: each touched group's set before (-1) and after (+1)."""
+        name = f"{pred}__setof{r}_{j}"
         if name not in self._subgoal_deltas:
-            self._subgoal_deltas[name] = self._setof_delta(s)
+            self._subgoal_deltas[name] = self._setof_delta(pred, r, s)
         return self._subgoal_deltas[name]
 
-    def _setof_delta(self, s: SetOf) -> DataFrame:
+    def _setof_delta(self, pred: str, r: int | str, s: SetOf) -> DataFrame:
         group = [v.name for v in s.group()]
-        touched = self.ev.atom(s.atom, self.used_delta[s.atom.pred]).select(*[F.col(_q(v)) for v in group]).distinct() \
-            if group else None
-        before = self.ev.setof(s, self.source(s.atom, OLD, touched, group))
-        after = self.ev.setof(s, self.source(s.atom, NEW, touched, group))
-        return consolidate(after.unionByName(before.withColumn(C, -F.col(C))))
-
-
+        if not (cream.pure(s.atom) and self.program.predicates[s.atom.pred].semantics == "set"):
+            # no auxiliary view (`auxiliary_views: false`) over a bag or a projection: the touched groups'
+            # sets are read from φ before and after the change, as 001 §3's Γ1–Γ6 do
+            touched = self.ev.atom(s.atom, self.used_delta[s.atom.pred]).select(*[F.col(_q(v)) for v in group]) \
+                .distinct() if group else None
+            before = self.ev.setof(s, self.source(s.atom, OLD, touched, group))
+            after = self.ev.setof(s, self.source(s.atom, NEW, touched, group))
+            return consolidate(after.unionByName(before.withColumn(C, -F.col(C))))
+        # CReaM Step 4 (001 Figure 1): Δ1–Δ6 over v_a and φ's set changes φ⁺/φ⁻
+        changes = self.ev.atom(s.atom, self.used_delta[s.atom.pred])
+        rule = self.program.rules_for(pred)[r] if isinstance(r, int) else None
+        if rule is not None and cream.case1(self.program, rule, s):
+            def old_sets(groups: DataFrame | None) -> DataFrame:  # Case 1: v holds the sets itself
+                sets = consolidate(self.ev.atom(rule.head, self.states.old(pred))).where(F.col(C) > 0)
+                return sets if groups is None else restrict(sets, groups, group)
+        else:
+            def old_sets(groups: DataFrame | None) -> DataFrame:  # W' of the touched groups, from v_a
+                return self.ev.setof(s, self.source(s.atom, OLD, groups, group))
+        return cream.set_delta(s, changes, old_sets)

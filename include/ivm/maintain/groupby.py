@@ -15,7 +15,9 @@ decomposed into incrementally computable functions"):
     COUNT/SUM/AVG(DISTINCT x)        n, s over the distinct values, from an auxiliary relation of
                                      counts per (group, x): a value counts while its count is positive
     anything else (percentiles,      nothing: "not incrementally computable" (§6.2), so the touched
-    mode, user-defined aggregates)   groups are recomputed from Uᵛ
+    mode, user-defined aggregates)   groups are recomputed from Uᵛ restricted to them; U is a relation the
+                                     view stores (CReaM's auxiliary view when the subgoal reads a table,
+                                     ivm.maintain.cream), so no table is read
 
 Each state row also holds T's values (one column per aggregate, named by its variable) as they were
 emitted, so the (T_ȳ, -1) of a later refresh cancels that tuple exactly, whatever the floating-point
@@ -79,7 +81,8 @@ def describe(a: Aggregate) -> str:
         "min": "incremental on insert; the group is recomputed when its current minimum is deleted",
         "max": "incremental on insert; the group is recomputed when its current maximum is deleted",
         "distinct": "from an auxiliary count per (group, value): a value counts while its count is positive",
-        "recompute": "not incrementally computable: recomputed from the new input for the touched groups",
+        "recompute": "not distributive: recomputed for the touched groups only, from their stored multisets "
+                     "(the GROUP BY's input, or CReaM's auxiliary view over a table, 001 §4)",
     }[kind(a)]
     return f"{a.call()}: {how}"
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from functools import reduce
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from ivm.config import COUNT_COLUMN
@@ -48,6 +48,13 @@ Absent = Callable[[int, Literal, DataFrame], DataFrame]
 
 def _q(name: str) -> str:
     return f"`{name}`"
+
+
+def set_element(s: SetOf) -> Column:
+    """One element of a setof's set: the variable, or a struct of the variables (a set of tuples)."""
+    if len(s.elements) == 1:
+        return F.col(_q(s.elements[0].name))
+    return F.struct(*[F.col(_q(e.name)) for e in s.elements])
 
 
 def as_used(pred: Predicate, zset: DataFrame) -> DataFrame:
@@ -135,12 +142,14 @@ class Evaluator:
 
     def setof(self, s: SetOf, source: DataFrame | None = None) -> DataFrame:
         """001 Definition 1: per binding of the atom's other variables, the set of the elements, as a
-        sorted array (a set has one canonical form, so equal sets are equal values); count 1."""
+        sorted array (a set has one canonical form, so equal sets are equal values); count 1. A NULL
+        element is no element (Datalog has no NULL); a tuple element may hold NULLs."""
         rows = self.atom(s.atom, source)
-        element = (F.col(_q(s.elements[0].name)) if len(s.elements) == 1
-                   else F.struct(*[F.col(_q(e.name)) for e in s.elements]))
+        element = set_element(s)
         agg = F.array_sort(F.collect_set(element)).alias(s.result.name)
         group = [F.col(_q(v.name)) for v in s.group()]
+        if group:  # sets hold no NULL: a binding whose only elements are NULL has no set
+            rows = rows.where(element.isNotNull())
         grouped = rows.groupBy(*group).agg(agg) if group else rows.agg(agg)
         return grouped.withColumn(C, F.lit(1).cast("long"))
 

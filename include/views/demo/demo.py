@@ -54,6 +54,9 @@ def main() -> int:
 
     say("\n== ivm explain miles_per_passenger")
     say("   " + project.explain("miles_per_passenger").to_text().replace("\n", "\n   "))
+    say("\n== ivm explain page_visitors (up to the key-based analysis)")
+    text = project.explain("page_visitors").to_text()
+    say("   " + text[:text.index("key-based analysis")].rstrip().replace("\n", "\n   "))
 
     say("\n== ivm log append: changes in the native format and as Debezium events")
     for table, file, fmt in [("res", "res_changes_1.jsonl", "cdf"), ("res", "res_debezium.jsonl", "debezium"),
@@ -74,7 +77,7 @@ def main() -> int:
             rows = [tuple(r) for r in delta.orderBy(*delta.columns).limit(50).collect()]
             say(tabulate(rows, headers=delta.columns, tablefmt="psql", missingval="NULL"))
     for name in ("res", "seats_per_flight", "route_stats", "busy_flights", "unbooked_flights", "only_tri_hop",
-                 "page_counts", "reach"):
+                 "page_counts", "page_visitors", "reach"):
         say(f"\n   {name} now:")
         show(project, name)
 

@@ -1,0 +1,245 @@
+"""CReaM (001 §4, Figure 1): views over sets and user-defined aggregates, maintained from auxiliary views.
+
+A view with a setof subgoal ``v(X̄, A) :- setof(Ȳ, φ(X̄, Ȳ, Z̄), W), agg(W, A)`` is maintained in the four
+steps of Figure 1:
+
+  Step 1  **Rewrite** the view over an auxiliary view that keeps every non-aggregated variable:
+          ``v_a(X̄, Z̄, W) :- setof(Ȳ, φ(X̄, Ȳ, Z̄), W)`` and ``v(X̄, A) :- v_a(X̄, Z̄, W), agg(W, A)``
+          (``rewrite``; one auxiliary view per setof subgoal, 001 §4's k-subgoal case).
+  Step 2  **Materialize** v_a: it is an auxiliary predicate of the view, stored like any other.
+  Step 3  **Count** the derivations of v's tuples: v keeps ``__count`` (the counting algorithm, 000 §4).
+  Step 4  **Maintain** v_a with the differential rules Δ1–Δ6 of 001 §3 (Case 1: every variable bound
+          outside the setof is in v_a's head), which join only v_a and φ⁺/φ⁻ (``set_delta``); then v by
+          counting from v_a⁺/v_a⁻ (the setof subgoal's Δ in 000 Definition 4.1's delta rules).
+
+**How v_a is stored.** Unnested: one row per element, ``v_a(X̄, Z̄, Ȳ)`` with the element's number of
+derivations in ``__count`` (W = {Ȳ | v_a(x̄, z̄, Ȳ)}). Two reasons. 001's Datalog predicates are sets,
+but Spark tables are bags and an atom may project columns away, so "is ȳ still in the set after this
+delete" needs the element's count; with it, φ⁺ and φ⁻ (the elements that appeared and vanished) are
+000 Algorithm 4.1 statement (2) over v_a itself, with no access to φ. And a delta layer of v_a holds the
+changed elements only, not every changed set in full (a one-element change to a set of a million
+elements writes one row). The set W' of a touched group is read back from v_a restricted to that group.
+
+**Case 1** (001 §3): a rule ``v(X̄, W) :- setof(Ȳ, φ(X̄, Ȳ), W)`` whose head has every variable bound
+outside the setof, over a set predicate read without projection, needs no auxiliary view: v is its own
+v_a, and Δ1–Δ6 run over v's stored sets and φ's set changes.
+
+**Aggregates over grouped sets.** A GROUPBY subgoal (000 §6.2) with a non-distributive aggregate —
+median, percentile, mode, collect_set/collect_list, a user-defined aggregate, and MIN/MAX under
+deletion — cannot be computed from its old value and the delta; Algorithm 6.1 recomputes the touched
+groups. Over a table that would read the table, so the same rewrite gives the subgoal an auxiliary view
+holding each group's multiset of arguments (bag semantics: the multiplicities are the multiset), and
+the touched groups are recomputed from it. SQL views have one already: the GROUP BY's input predicate.
+COUNT/SUM/AVG(DISTINCT) keep their per-(group, value) counts in the GROUPBY state (ivm.maintain.groupby).
+
+With ``auxiliary_views: false`` a view gets no auxiliary view: its setof subgoals over a bag or a
+projection are maintained by re-reading the touched groups from φ before and after the change (what
+001 §3's Γ1–Γ6 do), and non-distributive aggregates recompute touched groups from the grouped input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import reduce
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from ivm.config import COUNT_COLUMN
+from ivm.ir import Atom, BodyItem, GroupBy, Literal, Predicate, Program, Rule, SetOf, Var, column_names
+from ivm.maintain.groupby import kind
+from ivm.maintain.recompute import set_element
+
+C = COUNT_COLUMN
+ROLE = "cream"
+#: the kinds of aggregates (ivm.maintain.groupby.kind) whose touched groups are recomputed from the input
+RECOMPUTED = {"recompute", "min", "max"}
+
+
+def _q(name: str) -> str:
+    return f"`{name}`"
+
+
+def owner(program: Program, pred: str) -> str:
+    """The view a predicate belongs to (a view owns itself)."""
+    p = program.predicates[pred]
+    return p.owner or p.name
+
+
+def pure(atom: Atom) -> bool:
+    """The atom reads its predicate without selection or projection: distinct variables only."""
+    names = [a.name for a in atom.args if isinstance(a, Var)]
+    return len(names) == len(atom.args) == len(set(names))
+
+
+def case1(program: Program, rule: Rule, s: SetOf) -> bool:
+    """001 §3 Case 1 with the view as its own v_a: the rule is ``v(X̄, W) :- setof(Ȳ, φ(X̄, Ȳ), W)``
+    (the head is exactly the setof's outer variables and W), it is the predicate's only rule, and φ is
+    a set read without projection, so its set changes are φ⁺ and φ⁻."""
+    head = [a.name for a in rule.head.args if isinstance(a, Var)]
+    return (rule.body == (s,) and len(head) == len(rule.head.args) == len(set(head))
+            and set(head) == {v.name for v in s.group()} | {s.result.name}
+            and sum(r.head.pred == rule.head.pred for r in program.rules) == 1
+            and pure(s.atom) and program.predicates[s.atom.pred].semantics == "set")
+
+
+def _serves_as_auxiliary(program: Program, view: str, atom: Atom, semantics: str) -> bool:
+    """The subgoal reads a predicate the view stores itself, whole: that predicate already is the
+    auxiliary view (the GROUP BY input of a SQL view, a Datalog view's own set predicate)."""
+    p = program.predicates[atom.pred]
+    return (p.kind == "aux" and p.owner == view and pure(atom)
+            and (semantics == "bag" or p.semantics == "set"))
+
+
+def needs_auxiliary(program: Program, rule: Rule, item: BodyItem) -> str | None:
+    """The semantics of the auxiliary view Step 1 gives this subgoal (set for a setof, bag for a GROUPBY's
+    multisets), or None when it needs none."""
+    view = owner(program, rule.head.pred)
+    if isinstance(item, SetOf):
+        if case1(program, rule, item) or _serves_as_auxiliary(program, view, item.atom, "set"):
+            return None
+        return "set"
+    if isinstance(item, GroupBy) and any(kind(a) in RECOMPUTED for a in item.aggregates):
+        return None if _serves_as_auxiliary(program, view, item.atom, "bag") else "bag"
+    return None
+
+
+def rewrite(program: Program, enabled: Callable[[str], bool]) -> None:
+    """Step 1 for every view with ``enabled(view)``: each setof subgoal (and each GROUPBY subgoal with a
+    non-distributive aggregate) that needs one reads an auxiliary view ``<view>__va<n>`` defined by
+    ``v_a(X̄, Z̄, Ȳ) :- φ(...)``, the subgoal's atom over its variables."""
+    counters: dict[str, int] = {}
+    rules: list[Rule] = []
+    for rule in program.rules:
+        view = owner(program, rule.head.pred)
+        body = list(rule.body)
+        for j, item in enumerate(body):
+            semantics = needs_auxiliary(program, rule, item) if enabled(view) else None
+            if semantics is None:
+                continue
+            assert isinstance(item, SetOf | GroupBy)
+            if isinstance(item, SetOf):
+                keep = [*item.group(), *item.elements]  # X̄, Z̄ then Ȳ: every variable of φ
+            else:
+                used = {item.atom.args.index(v) for v in item.by} | {
+                    i for a in item.aggregates if a.arg is not None for v in a.arg.variables()
+                    for i, t in enumerate(item.atom.args) if isinstance(t, Var) and t.name == v}
+                keep = list(dict.fromkeys(item.atom.args[i] for i in sorted(used)))
+            n = counters.get(view, 0) + 1
+            while f"{view}__va{n}" in program.predicates:
+                n += 1
+            counters[view] = n
+            head = Atom(f"{view}__va{n}", tuple(keep))
+            program.predicates[head.pred] = Predicate(head.pred, column_names(head), "aux", semantics,  # type: ignore[arg-type]
+                                                      owner=view, role=ROLE)
+            rules.append(Rule(head, (Literal(item.atom),)))
+            body[j] = (SetOf(item.elements, head, item.result) if isinstance(item, SetOf)
+                       else GroupBy(head, item.by, item.aggregates))
+        rules.append(Rule(rule.head, tuple(body)))
+    program.rules[:] = rules
+
+
+# -- Step 4: Δ1–Δ6 ----------------------------------------------------------------------------------------
+
+
+def set_delta(s: SetOf, changes: DataFrame, old_sets: Callable[[DataFrame | None], DataFrame]) -> DataFrame:
+    """001 §3 Δ1–Δ6: the setof subgoal's change, v_a⁻ (count -1) and v_a⁺ (+1), from φ⁺ and φ⁻ and v_a.
+
+    ``changes``: φ⁺ (count > 0) and φ⁻ (count < 0) as the atom's variables, set changes (each element
+    appeared or vanished). ``old_sets(groups)``: (outer variables, W') of v_a for the touched groups
+    (None: the one global group). Per touched group, with W⁺ = setof(Ȳ, φ⁺) and W⁻ = setof(Ȳ, φ⁻):
+
+      Δ1  v_a⁺(X̄, W⁺)            the group is new (no W')
+      Δ2  v_a⁺(X̄, W' ∪ W⁺)        elements inserted into an existing set ...
+      Δ3  v_a⁺(X̄, W' ∖ W⁻)        ... and deleted from it (one batch may do both: (W' ∪ W⁺) ∖ W⁻)
+      Δ4  v_a⁻(X̄, W')             W⁻ takes the last elements: the group leaves (no v_a⁺)
+      Δ5  v_a⁻(X̄, W')             the set W' is replaced after an insert ...
+      Δ6  v_a⁻(X̄, W')             ... or a delete
+    """
+    group = [v.name for v in s.group()]
+    w = s.result.name
+    e = set_element(s)
+    c = F.col(C)
+    if group:  # a NULL element is no element (as in the full evaluation's setof)
+        changes = changes.where(e.isNotNull())
+    sets = [F.array_sort(F.collect_set(F.when(c > 0, e))).alias("__plus"),
+            F.array_sort(F.collect_set(F.when(c < 0, e))).alias("__minus")]
+    per_group = changes.groupBy(*[F.col(_q(g)) for g in group]).agg(*sets) if group else changes.agg(*sets)
+    old = old_sets(per_group.select(*[F.col(_q(g)) for g in group]) if group else None)
+    old = old.select(*[F.col(_q(g)).alias(f"__o_{g}") for g in group], F.col(_q(w)).alias("__old"))
+    if group:
+        cond = reduce(lambda a, b: a & b, [per_group[_q(g)].eqNullSafe(old[_q(f"__o_{g}")]) for g in group])
+        joined = per_group.join(old, cond, "left")
+    else:
+        joined = per_group.crossJoin(old)
+    plus, minus, before = F.col("__plus"), F.col("__minus"), F.col("__old")
+    after = F.array_sort(F.when(before.isNull(), F.array_except(plus, minus))                     # Δ1
+                         .otherwise(F.array_except(F.array_union(before, plus), minus)))           # Δ2, Δ3
+    keys = [F.col(_q(g)) for g in group]
+    removed = joined.where(before.isNotNull()).select(*keys, before.alias(w), F.lit(-1).cast("long").alias(C))
+    # Δ4: an emptied group has no v_a⁺ (a global setof keeps its one row, as the full evaluation does)
+    added = joined.select(*keys, after.alias(w), F.lit(1).cast("long").alias(C))
+    if group:
+        added = added.where(F.size(F.col(_q(w))) > 0)
+    return removed.unionByName(added)                                                            # Δ4–Δ6: W' out
+
+
+# -- what `ivm explain` says --------------------------------------------------------------------------------
+
+
+def auxiliary_views(program: Program, view: str) -> list[dict]:
+    """The view's CReaM auxiliary views, each with the rewrite in 001's notation: what v_a stands for
+    and the view's rule over it (Figure 1, Step 1)."""
+    out = []
+    for rule in program.rules:
+        if owner(program, rule.head.pred) != view:
+            continue
+        for item in rule.body:
+            if not isinstance(item, SetOf | GroupBy) or program.predicates[item.atom.pred].role != ROLE:
+                continue
+            va = item.atom.pred
+            ((lit,),) = [r.body for r in program.rules_for(va)]
+            phi = lit.atom
+            if isinstance(item, SetOf):
+                outer = ", ".join(v.name for v in item.group())
+                stands = f"{va}({outer}{', ' if outer else ''}{item.result}) :- {SetOf(item.elements, phi, item.result)}"
+                used = Atom(va, (*item.group(), item.result))
+                over = Rule(rule.head, tuple(used if i is item else i for i in rule.body))
+                how = ("Δ1–Δ6 (001 §3) over v_a and φ⁺/φ⁻; stored unnested, one row per element with its "
+                       "derivation count")
+            else:
+                stands = f"{va}({', '.join(map(str, item.atom.args))}) :- {phi}  (each group's multiset of arguments)"
+                over = rule
+                how = "the GROUPBY's touched groups are recomputed from v_a, not from the table"
+            out.append({"name": va, "auxiliary_view": stands, "view_rule": str(over), "maintenance": how})
+    return out
+
+
+def tables_read(program: Program, view_preds: list[str], recursive: set[str]) -> dict[str, str]:
+    """The tables an incremental refresh of the view reads besides their deltas, with the reason; empty
+    when the view is self-maintainable (001 §5: maintained from its own stored relations and the deltas)."""
+    out: dict[str, str] = {}
+
+    def base(item: BodyItem) -> str | None:
+        atom = item.atom if isinstance(item, Literal | GroupBy | SetOf) else None
+        return atom.pred if atom is not None and program.predicates[atom.pred].kind == "base" else None
+
+    for pred in view_preds:
+        for rule in program.rules_for(pred):
+            items = [i for i in rule.body if isinstance(i, Literal | GroupBy | SetOf)]
+            for item in items:
+                table = base(item)
+                if table is None:
+                    continue
+                if pred in recursive:
+                    out.setdefault(table, "a recursive rule's subgoal, read in DRed's steps")
+                elif len(items) > 1:
+                    out.setdefault(table, f"joined with the delta of another subgoal of `{rule}`")
+                elif isinstance(item, Literal) and item.negated:
+                    out.setdefault(table, "a negated subgoal: Δ(¬q) checks the table's old rows")
+                elif isinstance(item, SetOf) and not (pure(item.atom) and program.predicates[table].semantics == "set"):
+                    out.setdefault(table, "setof without an auxiliary view: the touched groups are re-read")
+                elif isinstance(item, GroupBy) and any(kind(a) in RECOMPUTED for a in item.aggregates):
+                    out.setdefault(table, "a non-distributive aggregate without an auxiliary view: the touched "
+                                          "groups are recomputed from the table")
+    return out
