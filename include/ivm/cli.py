@@ -60,6 +60,15 @@ def cmd_refresh(args) -> int:
     return 0
 
 
+def cmd_backfill(args) -> int:
+    project = _open(args)
+    result = project.backfill(args.views, full=args.full, progress=_out)
+    if result.tables or result.views:
+        _out(tabulate(result.summary_rows(), headers=result.SUMMARY_HEADERS, tablefmt="simple"))
+    _out(f"backfill {result.status} in {result.seconds:.2f} s")
+    return 0
+
+
 def cmd_show(args) -> int:
     project = _open(args)
     df = project.read(args.name)
@@ -154,6 +163,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="auto: per view, what the analysis allows (default); full: recompute every view; "
                         "incremental: refuse to recompute")
     p.set_defaults(func=cmd_refresh)
+
+    p = sub.add_parser("backfill", parents=[common],
+                       help="refresh or rebuild chosen views now (what the ivm_backfill DAG does)")
+    p.add_argument("views", nargs="+", metavar="VIEW", help="the views (and the views they read)")
+    p.add_argument("--full", action="store_true",
+                   help="recompute them from the current snapshot instead of maintaining them")
+    p.set_defaults(func=cmd_backfill)
 
     p = sub.add_parser("explain", parents=[common],
                        help="a view's stratum, dependencies, rules and maintenance algorithm")

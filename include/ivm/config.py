@@ -291,11 +291,30 @@ def find_project_file(path: str | os.PathLike | None = None) -> Path:
     return p.resolve()
 
 
+_ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def interpolate(text: str, source: str) -> str:
+    """``${NAME}`` and ``${NAME:-default}`` in the project file are replaced by environment variables, so
+    one file serves several deployments and secrets (a catalog password) stay out of it."""
+    def value(m: re.Match) -> str:
+        name, default = m.group(1), m.group(2)
+        if name in os.environ:
+            return os.environ[name]
+        if default is None:
+            line = text.count("\n", 0, m.start()) + 1
+            raise ConfigError(f"{source}: line {line}: environment variable {name} is not set (write ${{{name}:-default}} "
+                              "for a default)")
+        return default
+
+    return _ENV_REFERENCE.sub(value, text)
+
+
 def load_project(path: str | os.PathLike | None = None) -> ProjectConfig:
     """Read and validate the project file. Raises `ConfigError` naming the file and the field."""
     file = find_project_file(path)
     try:
-        raw = yaml.safe_load(file.read_text()) or {}
+        raw = yaml.safe_load(interpolate(file.read_text(), str(file))) or {}
     except yaml.YAMLError as e:
         first = str(e).splitlines()[0] if str(e) else "invalid YAML"
         mark = getattr(e, "problem_mark", None)

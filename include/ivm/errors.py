@@ -37,6 +37,18 @@ class CatalogError(IvmError):
     exit_code = 5
 
 
+class RunError(IvmError):
+    """A stage was asked for out of order, or for a run that cannot go on (published, unplanned)."""
+
+    exit_code = 6
+
+
+class ValidationError(IvmError):
+    """A maintained view failed its checks under policy ``fail``: nothing was published."""
+
+    exit_code = 7
+
+
 def one_line(error: BaseException) -> str:
     """The first line of an error's message (what the catalog records for a failed run)."""
     text = str(error)

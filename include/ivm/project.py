@@ -207,13 +207,28 @@ class Project:
                 progress: Progress = lambda _: None) -> refresh.RefreshResult:
         """`ivm refresh`: bring the tables and views (or the named views and what they read) to the
         newest snapshot of the logs. ``mode``: auto, incremental or full."""
+        self._check_applied()
+        return refresh.refresh(self, progress, views, mode)
+
+    def _check_applied(self) -> None:
         for name in self.config.tables:
             self.table(name)
         applied = self.catalog.view_defs()
         stale = [v for v in self.config.views if v not in applied]
         if stale:
             raise ConfigError(f"view {stale[0]} is not in the catalog yet; run `ivm apply`")
-        return refresh.refresh(self, progress, views, mode)
+
+    def backfill(self, views: list[str], full: bool = False,
+                 progress: Progress = lambda _: None) -> refresh.RefreshResult:
+        """`ivm backfill`: refresh the named views (and the views they read) now, recomputing them from
+        the current snapshot with ``full``: the stages of the ivm_backfill DAG, in this process."""
+        if not views:
+            raise ConfigError("backfill: name at least one view")
+        for v in views:
+            if v not in self.config.views:
+                raise NotFoundError(f"unknown view {v!r}")
+        self._check_applied()
+        return refresh.refresh(self, progress, views, "full" if full else "auto", kind="backfill")
 
     def explain(self, view: str) -> explain.Explanation:
         """`ivm explain`: the view's stratum, dependencies, rules and maintenance plan."""

@@ -1,17 +1,22 @@
-"""A refresh run (DESIGN.md §6), as a short list of stages.
+"""A refresh run (DESIGN.md §6), as stages that each read what the stages before them recorded in the
+catalog, so one process can run them all (`ivm refresh`) or an Airflow task can run each (ivm.orchestration):
 
     plan      fix the snapshot (the newest commit version of every base table's log); pick the tables
-              with changes past their watermark and the views whose inputs changed
+              with changes past their watermark and the views to refresh; record the run, its plan and
+              the versions it read, and take the leases (``plan`` + ``begin``)
     trim      per table, the net delta between its watermark and the snapshot, checked (002 §3)
     maintain  per view, stratum by stratum: the counting algorithm over the old states and the deltas
               (ivm.maintain.counting), DRed for recursive components (ivm.maintain.dred), or a full
               recompute from the new snapshot (ivm.maintain.recompute) where the view is new, its
               definition changed in a way DRed cannot follow, or the mode says so
+    validate  check the staged new states before anything is visible
     publish   one catalog transaction: new layers, watermarks, the run's outcome (the commit point)
     compact   relations whose layers passed the threshold, as their own atomic step
 
-A refresh with nothing to do launches no Spark job. A failure anywhere before publish leaves every
-relation as it was.
+Every stage is idempotent: it stages its output under names fixed by the run (a retry overwrites its
+own files and replaces its own record) and never touches published data; publish is the only stage that
+changes what readers see. A refresh with nothing to do launches no Spark job. A failure anywhere before
+publish leaves every relation as it was.
 """
 
 from __future__ import annotations
@@ -22,16 +27,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from pyspark.sql import functions as F
+
 from ivm.catalog.store import PublishChange, StageRecord, aware
 from ivm.changes.ingest import read_log
 from ivm.changes.trim import trim
-from ivm.errors import ConfigError, NotFoundError, one_line
+from ivm.config import COUNT_COLUMN
+from ivm.errors import ConfigError, NotFoundError, RunError, ValidationError, one_line
 from ivm.lang import compile_project
 from ivm.maintain.counting import Counting, RunStates, materialize, view_predicates
 from ivm.maintain.dred import RuleChange, rule_change
 from ivm.maintain.recompute import Evaluator
 from ivm.storage import Scratch, WrittenLayer, new_id
-from ivm.zset import consolidate
+from ivm.zset import consolidate, data_columns, restrict, union_all
 
 if TYPE_CHECKING:
     from ivm.project import Project
@@ -53,6 +61,8 @@ class TableDelta:
     delta_rows: int = 0
     seconds: float = 0.0
     layer: WrittenLayer | None = None
+    #: the trim stage has staged this table's delta
+    trimmed: bool = False
 
 
 @dataclass
@@ -79,6 +89,10 @@ class ViewWork:
     detail: dict[str, int] = field(default_factory=dict)
     #: every relation the view stores (itself, auxiliary predicates, GROUPBY states) -> its new layer
     layers: dict[str, WrittenLayer] = field(default_factory=dict)
+    #: a maintain stage has staged this view's layers
+    maintained: bool = False
+    #: (mode, reason) as planned, before a maintain stage found it a noop (a retry starts from these)
+    planned: tuple[str, str] | None = None
 
 
 @dataclass
@@ -87,6 +101,7 @@ class Plan:
     snapshot: dict[str, int]
     tables: list[TableDelta] = field(default_factory=list)
     views: list[ViewWork] = field(default_factory=list)
+    mode: str = "auto"
 
 
 @dataclass
@@ -112,24 +127,30 @@ class RefreshResult:
         return rows
 
 
-def plan(project: Project, views: list[str] | None = None, mode: str = "auto") -> Plan:
+def plan(project: Project, views: list[str] | None = None, mode: str = "auto", run_id: str | None = None) -> Plan:
     """Stage 1: the snapshot, the tables with changes past their watermark, the views to refresh."""
     if mode not in MODES:
         raise ConfigError(f"unknown mode {mode!r}; use one of {', '.join(MODES)}")
     catalog = project.catalog
     snapshot = {name: catalog.last_commit_version(name) for name in project.config.tables}
     watermarks = catalog.watermarks()
-    p = Plan(new_id("refresh-"), snapshot)
+    p = Plan(run_id or new_id("refresh-"), snapshot, mode=mode)
+    program, strata = project.program
+    # a refresh of some views trims only the tables they read: the other tables' readers keep their
+    # deltas for their own next refresh
+    read = {u for v in views for u in strata.upstream(v) if program.predicates[u].kind == "base"} \
+        if views else set(snapshot)
     for name, newest in snapshot.items():
         wm = watermarks.get((name, name), 0)
-        if newest > wm:
+        if newest > wm and name in read:
             rows = sum(s.rows for s in catalog.segments(name, wm, newest))
             p.tables.append(TableDelta(name, wm, newest, rows))
-    p.views = _plan_views(project, p, views, mode)
+    p.views = _plan_views(project, p, views, mode, watermarks)
     return p
 
 
-def _plan_views(project: Project, p: Plan, wanted: list[str] | None, mode: str) -> list[ViewWork]:
+def _plan_views(project: Project, p: Plan, wanted: list[str] | None, mode: str,
+                watermarks: dict[tuple[str, str], int]) -> list[ViewWork]:
     """Which views this run refreshes, and how (DESIGN.md §5's algorithm choice, per run):
 
     * full recompute for ``--mode full`` or a view configured ``mode: full``, a first
@@ -164,6 +185,9 @@ def _plan_views(project: Project, p: Plan, wanted: list[str] | None, mode: str) 
         inputs = sorted(changed & set(upstream))
         recomputed = sorted(full & strata.upstream(view))
         missing = [r for r in project.stored_relations(view) if project.catalog.state(r).version_id is None]
+        # a table whose changes an earlier run applied without refreshing this view (a refresh of other
+        # views, another schedule group): those deltas are gone, so the view is recomputed
+        missed = [t for t in upstream if watermarks.get((view, t), 0) < watermarks.get((t, t), 0)]
         reason = None
         if mode == "full" or configured == "full":
             reason = "--mode full" if mode == "full" else "the view is configured with mode: full"
@@ -173,6 +197,10 @@ def _plan_views(project: Project, p: Plan, wanted: list[str] | None, mode: str) 
             reason = "the definition changed"
         elif missing:
             reason = f"{missing[0]} is not materialized yet"
+        elif missed:
+            t = missed[0]
+            reason = (f"commit versions {watermarks.get((view, t), 0) + 1}..{watermarks[(t, t)]} of {t} were applied "
+                      "by a run that did not refresh this view")
         elif recomputed:
             reason = f"reads {', '.join(recomputed)}, recomputed in this run"
         recursive = algorithm(program, strata, view).startswith("DRed")
@@ -247,50 +275,170 @@ def trim_table(project: Project, run_id: str, item: TableDelta) -> TableDelta:
     return item
 
 
-def maintain_views(project: Project, run_id: str, p: Plan, progress: Progress) -> None:
-    """Stage 3: the views, stratum by stratum. Incremental views run the counting algorithm over the
-    old states and this run's deltas; full views are recomputed from the new snapshot (the old layers
-    plus this run's delta layers, not yet published)."""
-    if not p.views:
-        return
-    program, strata = project.program
-    written: dict[str, WrittenLayer] = {}
 
-    def write_delta(name: str, df) -> tuple[str, int] | None:
-        layer = project.warehouse.write_layer(df, name, "delta", run_id=run_id)
+
+# -- the run's record: what each stage staged, so the next stage (another process) can go on ------------
+
+
+def _layer_json(layer: WrittenLayer) -> dict:
+    return {"id": layer.id, "relation": layer.relation, "kind": layer.kind, "path": layer.path,
+            "rows": layer.rows, "bytes": layer.bytes}
+
+
+def _layer(d: dict) -> WrittenLayer:
+    return WrittenLayer(d["id"], d["relation"], d["kind"], d["path"], d["rows"], d["bytes"])
+
+
+def begin(project: Project, p: Plan, kind: str = "refresh") -> None:
+    """Stage 1's record: the run, its plan and the versions it read (publish checks nothing moved), and
+    the leases on everything it will publish. Beginning a run id again (a retried plan task, a re-run of
+    a failed DAG run) drops what its earlier attempt staged and plans afresh; a published run is final."""
+    catalog = project.catalog
+    names = [t.table for t in p.tables] + [v.view for v in p.views]
+    # every table a planned view reads is leased too, trimmed or not: another run (another schedule
+    # group) publishing it between this run's stages would otherwise hand the views a newer state than
+    # the watermarks this run records
+    read = sorted({t for v in p.views for t in v.upstream} - set(names))
+    stored = [r for v in p.views for r in project.stored_relations(v.view)]
+    earlier = catalog.run(p.run_id)
+    if earlier is not None:
+        if earlier.status in ("succeeded", "noop"):
+            raise RunError(f"run {p.run_id} was published already; start a new run")
+        catalog.reset_run(p.run_id, p.snapshot, names, p.mode)
+    else:
+        catalog.start_run(p.run_id, kind, p.snapshot, names, mode=p.mode)
+    catalog.acquire_leases(p.run_id, names + read, project.lease_timeout)
+    versions = {n: catalog.state(n).version_id for n in [*names, *stored]}
+    catalog.save_stage(p.run_id, StageRecord("plan", detail={
+        "snapshot": p.snapshot, "mode": p.mode, "versions": versions,
+        "tables": [{"table": t.table, "from_version": t.from_version, "to_version": t.to_version,
+                    "log_rows": t.log_rows} for t in p.tables],
+        "views": [{"view": v.view, "stratum": v.stratum, "mode": v.mode, "reason": v.reason, "upstream": v.upstream,
+                   "changed_inputs": v.changed_inputs, "rule_change": v.rule_change is not None} for v in p.views]}))
+
+
+def load_plan(project: Project, run_id: str) -> tuple[Plan, dict[str, int | None]]:
+    """The plan ``begin`` recorded, with the tables and views as their stages have staged them so far."""
+    records = project.catalog.stage_records(run_id)
+    plans = [r for r in records if r.stage == "plan"]
+    if not plans:
+        raise NotFoundError(f"run {run_id} has no plan (run the plan stage first)")
+    d = plans[-1].detail
+    p = Plan(run_id, d["snapshot"], mode=d["mode"])
+    trimmed = {r.relation: r for r in records if r.stage == "trim"}
+    maintained = {r.relation: r for r in records if r.stage == "maintain"}
+    for t in d["tables"]:
+        item = TableDelta(t["table"], t["from_version"], t["to_version"], t["log_rows"])
+        if t["table"] in trimmed:
+            r = trimmed[t["table"]]
+            item.delta_rows, item.seconds, item.trimmed = r.delta_rows or 0, r.seconds or 0.0, True
+            item.layer = _layer(r.detail["layer"]) if r.detail.get("layer") else None
+        p.tables.append(item)
+    defined = project.catalog.view_defs()
+    for v in d["views"]:
+        work = ViewWork(v["view"], v["stratum"], v["mode"], v["reason"], v["upstream"], v["changed_inputs"],
+                        planned=(v["mode"], v["reason"]))
+        if v["rule_change"]:
+            change = _rule_change(project, v["view"], defined.get(v["view"]))
+            if not isinstance(change, RuleChange):
+                raise RunError(f"run {run_id}: the definition of {v['view']} changed since the run was planned")
+            work.rule_change = change
+        if v["view"] in maintained:
+            r = maintained[v["view"]]
+            work.mode, work.reason, work.delta_in = r.mode or work.mode, r.detail.get("reason", work.reason), r.rows_in or 0
+            work.rows, work.rows_changed, work.seconds = r.rows_out, r.delta_rows, r.seconds or 0.0
+            work.detail = {k: n for k, n in r.detail.get("algorithm", {}).items()}
+            work.layers = {name: _layer(x) for name, x in r.detail.get("layers", {}).items()}
+            work.maintained = True
+        p.views.append(work)
+    return p, d["versions"]
+
+
+# -- stage 2: trim ---------------------------------------------------------------------------------------
+
+
+def trim_stage(project: Project, run_id: str, progress: Progress = lambda _: None) -> list[TableDelta]:
+    """Stage 2: every planned table's net delta, staged as its delta layer (written under a name fixed by
+    the run and table, so a retried stage overwrites its own output)."""
+    p, _ = load_plan(project, run_id)
+    for item in p.tables:
+        trim_table(project, run_id, item)
+        project.catalog.save_stage(run_id, StageRecord(
+            "trim", item.table, mode="incremental", rows_in=item.log_rows, delta_rows=item.delta_rows,
+            seconds=round(item.seconds, 3), status="staged",
+            detail={"from_version": item.from_version, "to_version": item.to_version,
+                    "layer": _layer_json(item.layer) if item.layer else None}))
+        progress(f"trim: {item.table}: commit versions {item.from_version + 1}..{item.to_version}, "
+                 f"{item.log_rows} changes -> net delta of {item.delta_rows} rows ({item.seconds:.2f} s)")
+    return p.tables
+
+
+# -- stage 3: maintain -------------------------------------------------------------------------------------
+
+
+class _Maintenance:
+    """What maintaining views in this process shares: the run's states (published layers, this run's
+    staged layers), one Counting over them, one full evaluator. Built from the run's record, so a stage
+    that maintains one stratum (an Airflow task) sees what the stages before it staged."""
+
+    def __init__(self, project: Project, p: Plan, scratch: Scratch):
+        self.project, self.plan = project, p
+        program, strata = project.program
+        self.written: dict[str, WrittenLayer] = {}
+        self.states = RunStates(read=lambda name, paths: project.warehouse.read_layers(project.spark, paths,
+                                                                                       project.schema(name)),
+                                write_delta=self._write_delta, scratch=scratch)
+        relations = set(project.config.tables) | {r for w in p.views for r in project.stored_relations(w.view)} | {
+            u for w in p.views for u in strata.upstream(w.view) if program.predicates[u].kind == "view"}
+        for name in relations:
+            self.states.old_paths[name] = [x.path for x in project.catalog.state(name).layers]
+        self.counting = Counting(program, strata, self.states, project.groupby_states, project.schema,
+                                 project.max_iterations)
+        for t in p.tables:
+            if t.layer:
+                self.states.delta_paths[t.table], self.states.delta_bytes[t.table] = t.layer.path, t.layer.bytes or 0
+                self.counting.note_delta(t.table, self.states.delta(t.table))
+        self.full = Evaluator(program, strata, {}, scratch=scratch, limits=project.max_iterations)
+        for work in p.views:  # what earlier stages staged: the views of lower strata
+            if work.maintained:
+                self.absorb(work)
+
+    def _write_delta(self, name: str, df) -> tuple[str, int] | None:
+        layer = self.project.warehouse.write_layer(df, name, "delta", run_id=self.plan.run_id)
         if layer.rows == 0:  # nothing changed: no empty layer
-            project.warehouse.delete(layer.path)
+            self.project.warehouse.delete(layer.path)
             return None
-        written[name] = layer
+        self.written[name] = layer
         return layer.path, layer.bytes or 0
 
-    scratch = Scratch(project.warehouse, project.spark, run_id)
-    states = RunStates(read=lambda name, paths: project.warehouse.read_layers(project.spark, paths,
-                                                                              project.schema(name)),
-                       write_delta=write_delta, scratch=scratch)
-    relations = set(project.config.tables) | {r for w in p.views for r in project.stored_relations(w.view)} | {
-        u for w in p.views for u in strata.upstream(w.view) if program.predicates[u].kind == "view"}
-    for name in relations:
-        states.old_paths[name] = [x.path for x in project.catalog.state(name).layers]
-    counting = Counting(program, strata, states, project.groupby_states, project.schema, project.max_iterations)
-    for t in p.tables:
-        if t.layer:
-            states.delta_paths[t.table], states.delta_bytes[t.table] = t.layer.path, t.layer.bytes or 0
-            counting.note_delta(t.table, states.delta(t.table))
-    full = Evaluator(program, strata, {}, scratch=scratch, limits=project.max_iterations)
-    for work in p.views:
+    def absorb(self, work: ViewWork) -> None:
+        """Make a view maintained by an earlier stage visible to the views above it: its new state, and
+        (incremental) its delta as they use it."""
+        for name, layer in work.layers.items():
+            if work.mode == "full":
+                self.states.replaced[name] = layer.path
+            else:
+                self.states.delta_paths[name], self.states.delta_bytes[name] = layer.path, layer.bytes or 0
+        if work.mode == "incremental" and work.view in work.layers:
+            self.counting.note_delta(work.view, self.states.delta(work.view))
+
+    def maintain(self, work: ViewWork, progress: Progress) -> None:
+        """One view: the counting algorithm (DRed inside it for recursive components) or a full recompute."""
+        project, states, counting, full = self.project, self.states, self.counting, self.full
+        program, strata = project.program
         started = time.perf_counter()
-        work.delta_in = sum(t.delta_rows for t in p.tables if t.table in work.changed_inputs)
+        self.written.clear()
+        work.delta_in = sum(t.delta_rows for t in self.plan.tables if t.table in work.changed_inputs)
         if work.rule_change is not None:
             counting.rule_changes |= dict.fromkeys(view_predicates(program, strata, work.view), work.rule_change)
         elif work.mode == "incremental" and not any(counting.changed(u) for u in strata.upstream(work.view)):
             work.mode, work.reason = "noop", "the net deltas of its inputs are empty or cancel out"
             progress(f"maintain: {work.view}: nothing to do, {work.reason}")
-            continue
+            return
         if work.mode == "incremental":
             for pred in view_predicates(program, strata, work.view):
                 counting.maintain(pred)
-            own = written.get(work.view)
+            own = self.written.get(work.view)
             work.rows_changed = work.rows = own.rows if own else 0
             how = f"{work.reason.split(':')[0]}, {work.rows_changed} tuples changed"
             preds = set(view_predicates(program, strata, work.view))
@@ -306,71 +454,167 @@ def maintain_views(project: Project, run_id: str, p: Plan, progress: Progress) -
                     full.relations[name] = consolidate(states.new(name))
             for name, df in materialize(full, project.groupby_states, work.view):
                 layer = project.warehouse.write_layer(df, name, "base", cluster_by=project.cluster_columns(name),
-                                                      run_id=run_id)
-                written[name] = layer
+                                                      run_id=self.plan.run_id)
+                self.written[name] = layer
                 states.replaced[name] = layer.path
                 if name in program.predicates:  # the predicates above read what was written, not its lineage
                     full.relations[name] = states.new(name)
-            work.rows = written[work.view].rows
+            work.rows = self.written[work.view].rows
             how = f"full recompute ({work.reason}), {work.rows} rows"
-        work.layers = {r: written[r] for r in project.stored_relations(work.view) if r in written}
+        work.layers = {r: self.written[r] for r in project.stored_relations(work.view) if r in self.written}
         work.seconds = time.perf_counter() - started
         progress(f"maintain: {work.view} (stratum {work.stratum}): {how} ({work.seconds:.2f} s)")
 
 
-def refresh(project: Project, progress: Progress = lambda _: None, views: list[str] | None = None,
-            mode: str = "auto") -> RefreshResult:
-    """Run plan → trim → maintain → publish → compact. Raises on bad change data; nothing is applied then."""
+def maintain_stage(project: Project, run_id: str, views: list[str] | None = None,
+                   progress: Progress = lambda _: None) -> list[ViewWork]:
+    """Stage 3: the planned views (or the named ones, e.g. one stratum's), in stratum order. Each view's
+    new layers are staged in the run's record; the views of lower strata must have been maintained by an
+    earlier call (or in this one)."""
+    p, _ = load_plan(project, run_id)
+    todo = [w for w in p.views if views is None or w.view in views]
+    unknown = sorted(set(views or []) - {w.view for w in p.views})
+    if unknown:
+        raise NotFoundError(f"run {run_id} does not refresh {unknown[0]}")
+    for w in todo:
+        below = [u.view for u in p.views if u.view in project.program[1].upstream(w.view)
+                 and not u.maintained and u not in todo]
+        if below:
+            raise RunError(f"run {run_id}: {w.view} reads {below[0]}, which is not maintained yet")
+    if not todo:
+        return []
+    for w in todo:  # a retried stage starts from what the stages before it staged, not from its own attempt
+        w.maintained, w.layers, w.detail = False, {}, {}
+        w.mode, w.reason = w.planned or (w.mode, w.reason)
+    scratch = Scratch(project.warehouse, project.spark, f"{run_id}/{'+'.join(w.view for w in todo)[:100]}")
+    m = _Maintenance(project, p, scratch)
+    for work in todo:
+        m.maintain(work, progress)  # (what it wrote is visible to the views above it through m already)
+        work.maintained = True
+        project.catalog.save_stage(run_id, StageRecord(
+            "maintain", work.view, mode=work.mode, rows_in=work.delta_in, rows_out=work.rows,
+            delta_rows=work.rows_changed, seconds=round(work.seconds, 3), status="staged",
+            detail={"stratum": work.stratum, "reason": work.reason, "relations": sorted(work.layers),
+                    "layers": {n: _layer_json(x) for n, x in work.layers.items()}, "algorithm": work.detail,
+                    **work.detail}))
+    return todo
+
+
+# -- stage 4: validate -------------------------------------------------------------------------------------
+
+
+def validate_stage(project: Project, run_id: str, progress: Progress = lambda _: None) -> dict[str, str]:
+    """Stage 4: check every incrementally maintained view's staged new state before it is published.
+    Here: no tuple the run changed may end with a count below zero (a delta deleting what was not
+    there), checked for all views in one Spark job over the changed tuples only; the sampled
+    recomputation of DESIGN.md §7 extends this stage. A failing view stops the publish (nothing is
+    applied), unless its policy is ``warn``. Returns the failing views and their first bad tuple."""
+    p, _ = load_plan(project, run_id)
     started = time.perf_counter()
-    p = plan(project, views, mode)
-    catalog = project.catalog
+    checks = []
+    for work in p.views:
+        if work.mode != "incremental" or work.view not in work.layers:
+            continue
+        schema = project.schema(work.view)
+        delta_path = work.layers[work.view].path
+        delta = project.warehouse.read_layers(project.spark, [delta_path], schema)
+        cols = data_columns(delta)
+        new = project.warehouse.read_layers(
+            project.spark, [*(x.path for x in project.catalog.state(work.view).layers), delta_path], schema)
+        counts = consolidate(restrict(new, delta.select(*[F.col(f"`{c}`") for c in cols]).distinct(), cols), cols)
+        checks.append(counts.where(F.col(COUNT_COLUMN) < 0).limit(1).select(
+            F.lit(work.view).alias("view"), F.to_json(F.struct(*[F.col(f"`{c}`") for c in cols])).alias("row"),
+            F.col(COUNT_COLUMN)))
+    bad = {r["view"]: f"tuple {r['row']} would have count {r[COUNT_COLUMN]}"
+           for r in (union_all(checks).collect() if checks else [])}
+    seconds = time.perf_counter() - started
+    for work in p.views:
+        if work.mode != "incremental" or work.view not in work.layers:
+            continue
+        policy = project.config.views[work.view].validate_.policy
+        outcome = "passed" if work.view not in bad else ("warned" if policy == "warn" else "failed")
+        project.catalog.save_stage(run_id, StageRecord("validate", work.view, mode=work.mode, status="staged",
+                                                       detail={"check": "no negative counts", "outcome": outcome,
+                                                               **({"problem": bad[work.view]} if work.view in bad else {})}))
+    if checks:
+        progress(f"validate: {len(checks)} views, {len(bad)} with problems ({seconds:.2f} s)")
+    failed = [v for v in bad if project.config.views[v].validate_.policy != "warn"]
+    if failed:
+        raise ValidationError(f"view {failed[0]}: {bad[failed[0]]} after run {run_id}; nothing was published")
+    return bad
+
+
+# -- stage 5: publish; stage 6: compact ---------------------------------------------------------------------
+
+
+def publish_stage(project: Project, run_id: str, progress: Progress = lambda _: None) -> RefreshResult:
+    """Stage 5, the commit point: every staged layer, the watermarks and the run's outcome in one catalog
+    transaction (if any relation moved since the plan, nothing is published); then the run's staging
+    folder goes. The only stage that changes what readers see."""
+    started = time.perf_counter()
+    p, versions = load_plan(project, run_id)
+    missing = [t.table for t in p.tables if not t.trimmed] + [v.view for v in p.views if not v.maintained]
+    if missing:
+        raise RunError(f"run {run_id}: {missing[0]} has not been staged yet; nothing was published")
+    changes = [PublishChange(t.table, versions[t.table], [t.layer]) for t in p.tables if t.layer]
+    for v in p.views:
+        changes += [PublishChange(r, versions.get(r), [layer], replace=v.mode == "full", create=True)
+                    for r, layer in v.layers.items()]
+        if v.rule_change is not None and v.view not in v.layers:  # the new definition holds, unchanged
+            changes.append(PublishChange(v.view, versions[v.view], []))
+    watermarks = {(t.table, t.table): t.to_version for t in p.tables}
+    watermarks |= {(v.view, t): p.snapshot[t] for v in p.views for t in v.upstream}
+    status = "succeeded" if p.tables or p.views else "noop"
+    project.catalog.publish(run_id, changes, watermarks, status=status)
+    seconds = time.perf_counter() - started
+    progress(f"publish: {len(changes)} new versions and {len(watermarks)} watermarks at one snapshot ({seconds:.2f} s)")
+    project.warehouse.delete(project.warehouse.path("staging", run_id))  # set changes, fixpoint rounds
+    return RefreshResult(run_id, status, p.snapshot, p.tables, seconds, p.views)
+
+
+def compact_stage(project: Project, run_id: str, progress: Progress = lambda _: None) -> list[str]:
+    """Stage 6: compact the relations this run grew past their thresholds, each in its own transaction."""
+    p, _ = load_plan(project, run_id)
+    grown = [t.table for t in p.tables if t.layer] + [r for v in p.views if v.mode == "incremental" for r in v.layers]
+    return [c.relation for c in project.compact(grown, progress=progress)]
+
+
+def report(project: Project, run_id: str) -> RefreshResult:
+    """A run as its record tells it (what the report task logs)."""
+    p, _ = load_plan(project, run_id)
+    run = project.catalog.run(run_id)
+    seconds = (aware(run.finished_at) - aware(run.started_at)).total_seconds() if run and run.finished_at else 0.0
+    return RefreshResult(run_id, run.status if run else "unknown", p.snapshot, p.tables, seconds, p.views)
+
+
+# -- all stages in one process -----------------------------------------------------------------------------
+
+
+def refresh(project: Project, progress: Progress = lambda _: None, views: list[str] | None = None,
+            mode: str = "auto", run_id: str | None = None, kind: str = "refresh") -> RefreshResult:
+    """`ivm refresh`: plan → trim → maintain → validate → publish → compact in this process, through the
+    same stage functions the Airflow tasks run. Raises on bad change data or a failed validation;
+    nothing is applied then."""
+    started = time.perf_counter()
+    p = plan(project, views, mode, run_id)
     if not p.tables and not p.views:
         progress("plan: no table has changes past its watermark and every view is current; nothing to refresh")
         return RefreshResult(None, "noop", p.snapshot, [], time.perf_counter() - started)
-    names = [t.table for t in p.tables] + [v.view for v in p.views]
     progress(f"plan: run {p.run_id}, snapshot " + ", ".join(f"{t}@{v}" for t, v in p.snapshot.items())
              + f"; {len(p.tables)} tables and {len(p.views)} views to refresh")
     if "spark" not in vars(project):  # start Spark outside the stage timings
         t0 = time.perf_counter()
         _ = project.spark
         progress(f"spark: started ({time.perf_counter() - t0:.2f} s)")
-    catalog.start_run(p.run_id, "refresh", p.snapshot, names, mode=mode)
-    catalog.acquire_leases(p.run_id, names, project.lease_timeout)
     try:
-        stored = [r for v in p.views for r in project.stored_relations(v.view)]
-        versions = {n: catalog.state(n).version_id for n in [*names, *stored]}
-        for item in p.tables:
-            trim_table(project, p.run_id, item)
-            progress(f"trim: {item.table}: commit versions {item.from_version + 1}..{item.to_version}, "
-                     f"{item.log_rows} changes -> net delta of {item.delta_rows} rows ({item.seconds:.2f} s)")
-        maintain_views(project, p.run_id, p, progress)
-        changes = [PublishChange(t.table, versions[t.table], [t.layer]) for t in p.tables if t.layer]
-        for v in p.views:
-            changes += [PublishChange(r, versions[r], [layer], replace=v.mode == "full", create=True)
-                        for r, layer in v.layers.items()]
-            if v.rule_change is not None and v.view not in v.layers:  # the new definition holds, unchanged
-                changes.append(PublishChange(v.view, versions[v.view], []))
-        watermarks = {(t.table, t.table): t.to_version for t in p.tables}
-        watermarks |= {(v.view, t): p.snapshot[t] for v in p.views for t in v.upstream}
-        stages = [StageRecord("trim", t.table, mode="incremental", rows_in=t.log_rows, delta_rows=t.delta_rows,
-                              seconds=round(t.seconds, 3),
-                              detail={"from_version": t.from_version, "to_version": t.to_version})
-                  for t in p.tables]
-        stages += [StageRecord("maintain", v.view, mode=v.mode, rows_in=v.delta_in, rows_out=v.rows,
-                               delta_rows=v.rows_changed, seconds=round(v.seconds, 3),
-                               detail={"stratum": v.stratum, "reason": v.reason, "relations": sorted(v.layers),
-                                       **v.detail})
-                   for v in p.views]
-        t0 = time.perf_counter()
-        catalog.publish(p.run_id, changes, watermarks, stages)
-        progress(f"publish: {len(changes)} new versions and {len(watermarks)} watermarks at one snapshot "
-                 f"({time.perf_counter() - t0:.2f} s)")
+        begin(project, p, kind)
+        trim_stage(project, p.run_id, progress)
+        maintain_stage(project, p.run_id, None, progress)
+        validate_stage(project, p.run_id, progress)
+        result = publish_stage(project, p.run_id, progress)
     except BaseException as e:
-        catalog.finish_run(p.run_id, "failed", one_line(e))
+        project.catalog.finish_run(p.run_id, "failed", one_line(e))
         raise
-    project.warehouse.delete(project.warehouse.path("staging", p.run_id))  # the run's scratch space: set changes, fixpoint rounds
-    result = RefreshResult(p.run_id, "succeeded", p.snapshot, p.tables, time.perf_counter() - started, p.views)
-    grown = [t.table for t in p.tables] + [r for v in p.views if v.mode == "incremental" for r in v.layers]
-    result.compacted = [c.relation for c in project.compact(grown, progress=progress)]
+    result.compacted = compact_stage(project, p.run_id, progress)
     result.seconds = time.perf_counter() - started
     return result

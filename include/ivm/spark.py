@@ -51,3 +51,19 @@ def session(settings: SparkSettings | None = None, app_name: str = "ivm"):
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+def ship_package(spark) -> None:
+    """Make the ``ivm`` package importable on the executors of a cluster (its Python UDFs, registered
+    aggregates, run there): zip it and add it to the SparkContext. Local masters share the driver's."""
+    master = spark.sparkContext.master
+    if master.startswith("local"):
+        return
+    import shutil
+    import tempfile
+
+    package = Path(__file__).resolve().parent
+    target = Path(tempfile.mkdtemp(prefix="ivm-package-")) / "ivm"
+    archive = shutil.make_archive(str(target), "zip", root_dir=package.parent, base_dir=package.name)
+    spark.sparkContext.addPyFile(archive)
+    log.info("shipped the ivm package to the executors of %s (%s)", master, archive)

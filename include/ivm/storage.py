@@ -12,6 +12,7 @@ goes through pyarrow's file systems, which cover local folders, S3 and HDFS.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import uuid
@@ -121,15 +122,22 @@ class Warehouse:
         A base layer is range-partitioned and sorted by ``cluster_by`` (the key, or all columns), so
         Parquet min/max statistics let a read restricted to a few keys skip files; a delta layer is
         written as it comes: it is small (O(|Δ|)).
+
+        Within a run (``run_id``) a relation gets at most one layer of each kind, named after the run:
+        a retried stage overwrites what its failed attempt wrote instead of leaving it behind.
         """
-        layer_id = new_id(f"{kind}-")
+        if run_id is not None:
+            digest = hashlib.sha1(f"{run_id}/{relation}".encode()).hexdigest()[:12]
+            layer_id = f"{kind}-{run_id[:40]}-{digest}"
+        else:
+            layer_id = new_id(f"{kind}-")
         path = self.layer_path(relation, layer_id)
         if kind == "base" and cluster_by:
             cols = [F.col(f"`{c}`") for c in cluster_by]
             df = df.repartitionByRange(max(1, files or 1), *cols).sortWithinPartitions(*cols)
         elif files:
             df = df.coalesce(files)
-        df.write.mode("errorifexists").parquet(path)
+        df.write.mode("errorifexists" if run_id is None else "overwrite").parquet(path)
         rows, size = self.parquet_stats(path)
         log.info("wrote %s layer of %s: %s rows, %s bytes", kind, relation, rows, size)
         return WrittenLayer(layer_id, relation, kind, path, rows, size)

@@ -151,14 +151,14 @@ def spy_reads(project, monkeypatch) -> list[str]:
 
     seen: list[str] = []
     active = [False]
-    read, maintain = project.warehouse.read_layers, ivm.refresh.maintain_views
+    read, maintain = project.warehouse.read_layers, ivm.refresh.maintain_stage
 
     def read_layers(spark, paths, schema):
         if active[0]:
             seen.extend(paths)
         return read(spark, paths, schema)
 
-    def maintain_views(*args, **kwargs):
+    def maintain_stage(*args, **kwargs):
         active[0] = True
         try:
             return maintain(*args, **kwargs)
@@ -166,7 +166,7 @@ def spy_reads(project, monkeypatch) -> list[str]:
             active[0] = False
 
     monkeypatch.setattr(project.warehouse, "read_layers", read_layers)
-    monkeypatch.setattr(ivm.refresh, "maintain_views", maintain_views)
+    monkeypatch.setattr(ivm.refresh, "maintain_stage", maintain_stage)
     return seen
 
 

@@ -98,3 +98,18 @@ def test_yaml_errors_are_one_line(tmp_path):
     with pytest.raises(ConfigError, match=r"not valid YAML") as e:
         load_project(tmp_path / "ivm.yaml")
     assert "\n" not in str(e.value)
+
+
+def test_environment_variables_in_the_project_file(tmp_path, monkeypatch):
+    """${NAME} and ${NAME:-default} read the environment; a missing variable without a default is an
+    error naming the file and the line."""
+    path = tmp_path / "ivm.yaml"
+    path.write_text("warehouse: ${WH:-./wh}\ncatalog: ${CAT}\ntables: {}\n")
+    monkeypatch.setenv("CAT", "postgresql+psycopg2://ivm:secret@db/ivm")
+    config = load_project(path)
+    assert config.warehouse_uri == str(tmp_path / "wh") and config.catalog == "postgresql+psycopg2://ivm:secret@db/ivm"
+    monkeypatch.setenv("WH", str(tmp_path / "elsewhere"))
+    assert load_project(path).warehouse_uri == str(tmp_path / "elsewhere")
+    monkeypatch.delenv("CAT")
+    with pytest.raises(ConfigError, match=r"ivm.yaml: line 2: environment variable CAT is not set"):
+        load_project(path)

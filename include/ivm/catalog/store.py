@@ -302,12 +302,36 @@ class Catalog:
             s.add(Run(id=run_id, kind=kind, status="running", mode=mode, snapshot=snapshot or {},
                       relations=list(relations)))
 
-    def finish_run(self, run_id: str, status: str, error: str | None = None) -> None:
+    def finish_run(self, run_id: str, status: str, error: str | None = None, keep_leases: bool = False) -> None:
+        """Record a run's outcome. ``keep_leases``: a failed stage of a run that may be retried (an Airflow
+        task) keeps the run's leases until they expire or the run publishes."""
         with self.session() as s:
             run = s.get(Run, run_id)
             if run is not None:
                 run.status, run.error, run.finished_at = status, error, utcnow()
-            s.execute(delete(Lease).where(Lease.run_id == run_id))
+            if not keep_leases:
+                s.execute(delete(Lease).where(Lease.run_id == run_id))
+
+    def reset_run(self, run_id: str, snapshot: dict[str, int], relations: Iterable[str], mode: str | None) -> None:
+        """Start a run that did not publish over, with a new plan: its staged records go, it is running again."""
+        with self.session() as s:
+            run = s.get(Run, run_id)
+            s.execute(delete(RunStage).where(RunStage.run_id == run_id))
+            run.status, run.error, run.finished_at, run.started_at = "running", None, None, utcnow()
+            run.snapshot, run.relations, run.mode = snapshot, list(relations), mode
+
+    def save_stage(self, run_id: str, record: StageRecord) -> None:
+        """Record what a stage did for one relation (or for the run), replacing what an earlier attempt
+        of the same stage recorded for it: a retried stage leaves one record."""
+        with self.session() as s:
+            s.execute(delete(RunStage).where(RunStage.run_id == run_id, RunStage.stage == record.stage,
+                                             RunStage.relation.is_(None) if record.relation is None
+                                             else RunStage.relation == record.relation))
+            s.add(RunStage(run_id=run_id, **record.__dict__))
+
+    def stage_records(self, run_id: str) -> list[RunStage]:
+        with self.session() as s:
+            return list(s.scalars(select(RunStage).where(RunStage.run_id == run_id).order_by(RunStage.id)))
 
     def runs(self, limit: int = 20, kind: str | None = None) -> list[Run]:
         with self.session() as s:
@@ -391,9 +415,11 @@ class Catalog:
                     wm.commit_version, wm.updated_at = commit_version, now
             for stage in stages:
                 s.add(RunStage(run_id=run_id, **stage.__dict__))
+            for staged in s.scalars(select(RunStage).where(RunStage.run_id == run_id, RunStage.status == "staged")):
+                staged.status = "succeeded"  # what the run's stages staged is published now
             run = s.get(Run, run_id)
-            if run is not None:
-                run.status, run.finished_at = status, now
+            if run is not None:  # (an error a retried stage of the run recorded is history now)
+                run.status, run.finished_at, run.error = status, now, None
             s.execute(delete(Lease).where(Lease.run_id == run_id))
         return published
 

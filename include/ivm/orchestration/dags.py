@@ -1,0 +1,136 @@
+"""The DAG factory (DESIGN.md §9): from the project file, one scheduled refresh DAG per schedule group
+and one backfill DAG for manual runs, every stage a spark-submit of ``jobs/ivm_stage.py``.
+
+    ivm_refresh[_<schedule>]   plan → trim → maintain_stratum_1 … n → validate → publish → compact → report
+    ivm_backfill               the same, triggered by hand with params: views, full
+
+Each ``maintain_stratum_k`` is mapped over the views the run planned in stratum k (a small Python task,
+``views_stratum_k``, reads them from the run's record), so the views of one stratum run side by side
+and an empty stratum is skipped. All tasks of one DAG run share one ivm run id, derived from the DAG
+run; ``publish`` is the only task that changes what readers see, and marks every view of the DAG as an
+Airflow asset (``ivm://<project>/<view>``) so downstream DAGs can be scheduled on it.
+
+The project file is found the way the CLI finds it: ``IVM_PROJECT``, else the demo project. The Spark
+connection is ``spark_default`` (``IVM_SPARK_CONN_ID`` to choose another): ``local[*]`` runs the jobs
+on the Airflow worker, ``spark://host:7077`` on a standalone cluster, which receives the ivm package
+from the job (ivm.spark.ship_package).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+from ivm.config import PROJECT_ENV, ProjectConfig, load_project
+from ivm.orchestration.stages import run_id_for
+from ivm.spark import DEFAULT_CONF
+
+#: where the demo project lives, for a deployment that does not set IVM_PROJECT
+DEMO_PROJECT = Path(__file__).resolve().parents[2] / "views" / "demo" / "ivm.yaml"
+RUN = "{{ ivm_run_id(dag.dag_id, run_id) }}"
+
+
+def project_file() -> str:
+    return os.environ.get(PROJECT_ENV) or str(DEMO_PROJECT)
+
+
+def schedule_groups(config: ProjectConfig) -> dict[str | None, list[str]]:
+    """Views by their ``schedule`` (None: no schedule, refreshed when triggered)."""
+    groups: dict[str | None, list[str]] = {}
+    for name, view in config.views.items():
+        groups.setdefault(view.schedule, []).append(name)
+    return groups
+
+
+def dag_id_for(schedule: str | None) -> str:
+    if schedule is None:
+        return "ivm_refresh"
+    return "ivm_refresh_" + re.sub(r"[^A-Za-z0-9]+", "_", schedule).strip("_")
+
+
+def build_dags(jobs_dir: str | Path, path: str | None = None, conn_id: str | None = None) -> dict:
+    """Every DAG of the project at ``path`` (default: `project_file()`), by DAG id."""
+    from ivm.lang import compile_project
+    from ivm.stratify import stratify
+
+    path = path or project_file()
+    config = load_project(path)
+    program = compile_project(config)
+    strata = stratify(program)
+    conn_id = conn_id or os.environ.get("IVM_SPARK_CONN_ID", "spark_default")
+    job = str(Path(jobs_dir) / "ivm_stage.py")
+    project_name = Path(path).resolve().parent.name
+
+    def closure(views: list[str]) -> list[str]:
+        """The views a refresh of ``views`` maintains: they and the views they read."""
+        return sorted({u for v in views for u in strata.upstream(v) if u in config.views} | set(views))
+
+    dags = {}
+    for schedule, views in schedule_groups(config).items():
+        dag_id = dag_id_for(schedule)
+        dags[dag_id] = _dag(dag_id, schedule, job, path, conn_id, project_name, closure(views), strata, config,
+                            plan_args=["--views", ",".join(sorted(views)), "--mode", "auto"],
+                            doc=f"Scheduled refresh of {', '.join(sorted(views))} ({schedule or 'no schedule'}).")
+    dags["ivm_backfill"] = _dag(
+        "ivm_backfill", None, job, path, conn_id, project_name, sorted(config.views), strata, config,
+        plan_args=["--views", "{{ params.views | join(',') }}", "--mode", "{{ 'full' if params.full else 'auto' }}",
+                   "--kind", "backfill"],
+        params={"views": (sorted(config.views), "the views to refresh (and the views they read)"),
+                "full": (False, "recompute the views from the current snapshot instead of maintaining them")},
+        doc="Manual refresh or rebuild of chosen views: trigger with params `views` and `full`.")
+    return dags
+
+
+def _dag(dag_id, schedule, job, path, conn_id, project_name, views, strata, config, plan_args, doc, params=None):
+    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+    from airflow.sdk import DAG, Asset, Param, TriggerRule, task
+
+    # the driver runs the interpreter Airflow runs (it has ivm installed); so do local executors
+    env = {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable, PROJECT_ENV: path}
+    # ivm's Spark defaults (quiet logs, no UI, few shuffle partitions) and the project's `spark.conf`;
+    # the master is the connection's
+    conf = {**DEFAULT_CONF, **config.spark.conf}
+    common = {"application": job, "conn_id": conn_id, "env_vars": env, "conf": conf, "retries": 2}
+
+    def submit(stage: str, *extra: str, **kwargs):
+        return SparkSubmitOperator(task_id=stage, name=f"ivm-{stage}",
+                                   application_args=[stage, "--run-id", RUN, "--project", path, *extra],
+                                   **common, **kwargs)
+
+    with DAG(dag_id, schedule=schedule, start_date=datetime(2026, 1, 1, tzinfo=UTC), catchup=False,
+             max_active_runs=1, tags=["ivm"], doc_md=doc, user_defined_macros={"ivm_run_id": run_id_for},
+             params={k: Param(v, description=d) for k, (v, d) in (params or {}).items()}) as dag:
+        plan = submit("plan", *plan_args)
+        previous = [plan >> submit("trim")]
+        for stratum in sorted({strata.stratum_of[v] for v in views}):
+
+            @task(task_id=f"views_stratum_{stratum}", trigger_rule=TriggerRule.NONE_FAILED)
+            def select(ivm_run: str, stratum: int = stratum) -> list[list[str]]:
+                """The spark-submit arguments of one maintain task per view the run planned here."""
+                from ivm.orchestration.stages import views_of_stratum
+                from ivm.project import Project
+
+                project = Project.open(path)
+                try:
+                    return [["maintain", "--run-id", ivm_run, "--project", path, "--views", v]
+                            for v in views_of_stratum(project, ivm_run, stratum)]
+                finally:
+                    project.close()
+
+            chosen = select(RUN)
+            maintain = SparkSubmitOperator.partial(task_id=f"maintain_stratum_{stratum}", name="ivm-maintain",
+                                                   trigger_rule=TriggerRule.NONE_FAILED, **common
+                                                   ).expand(application_args=chosen)
+            previous[-1] >> chosen
+            chosen >> maintain
+            previous.append(maintain)
+        validate = submit("validate", trigger_rule=TriggerRule.NONE_FAILED)
+        publish = submit("publish", trigger_rule=TriggerRule.NONE_FAILED,
+                         outlets=[Asset(name=f"ivm_{project_name}_{v}", uri=f"ivm://{project_name}/{v}") for v in views])
+        compact = submit("compact", trigger_rule=TriggerRule.NONE_FAILED)
+        report = submit("report", trigger_rule=TriggerRule.NONE_FAILED)
+        previous[-1] >> validate >> publish >> compact >> report
+    return dag

@@ -1,0 +1,49 @@
+"""spark-submit entry point: one stage of one ivm run (DESIGN.md §9).
+
+    spark-submit jobs/ivm_stage.py STAGE --run-id ID [--project ivm.yaml] [--views a,b] [--mode auto] [--kind refresh]
+
+Spark comes from spark-submit (master, conf); the stage itself is ivm.orchestration.stages.run_stage.
+Exit code 0 on success, the error's code with a one-line reason otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from ivm.errors import IvmError
+from ivm.orchestration.stages import STAGES, run_stage
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="ivm_stage.py", description="Run one stage of an ivm run.")
+    ap.add_argument("stage", choices=STAGES)
+    ap.add_argument("--run-id", required=True, help="the ivm run (the same for every stage of it)")
+    ap.add_argument("--project", help="the project file (default: $IVM_PROJECT, else ./ivm.yaml)")
+    ap.add_argument("--views", default="", help="comma-separated views: what plan refreshes, what maintain maintains")
+    ap.add_argument("--mode", default="auto", choices=["auto", "incremental", "full"])
+    ap.add_argument("--kind", default="refresh", choices=["refresh", "backfill"])
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    from pyspark.sql import SparkSession
+
+    from ivm.project import Project
+    from ivm.spark import ship_package
+
+    spark = SparkSession.builder.appName(f"ivm-{args.stage}").getOrCreate()  # spark-submit's master and conf
+    ship_package(spark)
+    project = Project.open(args.project)
+    try:
+        run_stage(project, args.stage, args.run_id, [v for v in args.views.split(",") if v], args.mode, args.kind)
+    except IvmError as e:
+        print(f"ivm_stage: error: {e}", file=sys.stderr)
+        return e.exit_code
+    finally:
+        project.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,162 @@
+"""The stage contract (DESIGN.md §6, ivm.refresh) through the stage commands the Airflow tasks run
+(ivm.orchestration.stages.run_stage), each stage with a project of its own, as separate processes
+have: a maintenance stage killed mid-way and retried, and a whole run re-run after a failed publish,
+leave every view equal to its full recomputation and the log applied exactly once; a published run is
+final; a refresh of some views does not lose the others' deltas."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from ivm import Project
+from ivm.errors import CatalogError, RunError
+from ivm.maintain.counting import Counting
+from ivm.maintain.recompute import Evaluator
+from ivm.orchestration.stages import run_id_for, run_stage
+from tests.spark.test_cream import lines
+
+TABLES = {"t": {"columns": {"k": "string", "v": "int"}}, "u": {"columns": {"k": "string", "w": "int"}}}
+VIEWS = {"per_k": {"sql": "SELECT k, count(*) AS n, sum(v) AS s FROM t GROUP BY k"},
+         "joined": {"sql": "SELECT t.k, t.v, u.w FROM t JOIN u ON t.k = u.k"},
+         "big": {"sql": "SELECT k, n FROM per_k WHERE n > 1"}}
+STAGES = ["plan", "trim", "maintain", "validate", "publish", "compact", "report"]
+
+
+def zset(project: Project, name: str) -> Counter:
+    return Counter({tuple(r[:-1]): r[-1] for r in project.read_zset(name).collect()})
+
+
+def assert_views_recomputed(project: Project) -> None:
+    program, strata = project.program
+    full = Evaluator(program, strata, {t: project.read_zset(t) for t in TABLES})
+    for v in VIEWS:
+        assert zset(project, v) == Counter({tuple(r[:-1]): r[-1] for r in full.relation(v).collect()}), v
+
+
+@pytest.fixture
+def setup(make_project, tmp_path):
+    p = make_project(TABLES, views=VIEWS)
+    p.load("t", lines(tmp_path / "t.jsonl", [("a", 1), ("a", 2), ("b", 3)], cols=("k", "v")))
+    p.load("u", lines(tmp_path / "u.jsonl", [("a", 10), ("b", 20)], cols=("k", "w")))
+    p.refresh()
+    p.append("t", lines(tmp_path / "c1.jsonl", [("a", 5), ("b", 3)], "insert", cols=("k", "v")))
+    p.append("u", lines(tmp_path / "c2.jsonl", [("b", 20)], "delete", cols=("k", "w")))
+    path = str(tmp_path / "project" / "ivm.yaml")
+    return p, path
+
+
+def stage(path: str, name: str, run_id: str, **kwargs):
+    """One stage as its own task would run it: a fresh Project on the same files."""
+    p = Project.open(path)
+    try:
+        return run_stage(p, name, run_id, **kwargs)
+    finally:
+        p.close()
+
+
+def test_stages_one_by_one_match_in_process_refresh(setup):
+    p, path = setup
+    run_id = run_id_for("ivm_refresh", "manual__2026-11-26T08:00:00+00:00")
+    assert len(run_id) <= 64 and run_id == run_id_for("ivm_refresh", "manual__2026-11-26T08:00:00+00:00")
+    stage(path, "plan", run_id)
+    stage(path, "trim", run_id)
+    stage(path, "maintain", run_id, views=["per_k", "joined"])  # stratum by stratum, as the DAG maps them
+    with pytest.raises(RunError, match="has not been staged yet"):
+        stage(path, "publish", run_id)  # big is not maintained: nothing may be published
+    stage(path, "maintain", run_id, views=["big"])
+    for name in ["validate", "publish", "compact"]:
+        stage(path, name, run_id)
+    result = stage(path, "report", run_id)
+    assert result.status == "succeeded" and {v.view: v.mode for v in result.views} == dict.fromkeys(VIEWS, "incremental")
+    assert zset(p, "t") == Counter({("a", 1): 1, ("a", 2): 1, ("a", 5): 1, ("b", 3): 2})
+    assert_views_recomputed(p)
+    assert {s.status for s in p.catalog.run(run_id).stages} == {"succeeded"}
+    with pytest.raises(RunError, match="was published already"):
+        stage(path, "plan", run_id)
+
+
+def test_a_maintenance_task_killed_midway_and_retried(setup, monkeypatch):
+    p, path = setup
+    run_id = "retry-maintain"
+    for name in ["plan", "trim"]:
+        stage(path, name, run_id)
+    calls = []
+    real = Counting.maintain
+
+    def dies_on_the_second_predicate(self, pred):
+        calls.append(pred)
+        if len(calls) == 2:
+            raise KeyboardInterrupt("killed")  # after the first delta layer was written
+        return real(self, pred)
+
+    monkeypatch.setattr(Counting, "maintain", dies_on_the_second_predicate)
+    with pytest.raises(KeyboardInterrupt):
+        stage(path, "maintain", run_id)
+    assert p.catalog.run(run_id).status == "running"  # nothing published, the run goes on
+    monkeypatch.setattr(Counting, "maintain", real)
+    for name in ["maintain", "validate", "publish"]:  # the retried task, then the rest of the run
+        stage(path, name, run_id)
+    assert zset(p, "t") == Counter({("a", 1): 1, ("a", 2): 1, ("a", 5): 1, ("b", 3): 2})
+    assert_views_recomputed(p)
+    # the retry overwrote its own files: one delta layer per relation, and the log was applied once
+    assert [x.kind for x in p.catalog.state("per_k").layers].count("delta") == 1
+
+
+def test_a_run_re_run_after_a_failed_publish(setup, monkeypatch):
+    p, path = setup
+    run_id = "rerun-publish"
+    for name in ["plan", "trim", "maintain", "validate"]:
+        stage(path, name, run_id)
+
+    def fails(*args, **kwargs):
+        raise CatalogError("the catalog went away")
+
+    monkeypatch.setattr("ivm.catalog.store.Catalog.publish", fails)
+    with pytest.raises(CatalogError):
+        stage(path, "publish", run_id)
+    monkeypatch.undo()
+    run = p.catalog.run(run_id)
+    assert run.status == "failed" and run.error == "publish: the catalog went away"
+    assert zset(p, "t") == Counter({("a", 1): 1, ("a", 2): 1, ("b", 3): 1})  # nothing applied
+    for name in STAGES:  # the whole DAG run again, same run id
+        stage(path, name, run_id)
+    assert p.catalog.run(run_id).status == "succeeded"
+    assert zset(p, "t") == Counter({("a", 1): 1, ("a", 2): 1, ("a", 5): 1, ("b", 3): 2})
+    assert p.catalog.watermarks()[("t", "t")] == 1 and p.catalog.watermarks()[("per_k", "t")] == 1
+    assert_views_recomputed(p)
+    stage(path, "plan", "next")  # a new run finds nothing left to apply
+    assert stage(path, "publish", "next").status == p.catalog.run("next").status == "noop"
+    assert zset(p, "t") == Counter({("a", 1): 1, ("a", 2): 1, ("a", 5): 1, ("b", 3): 2})
+
+
+def test_refreshing_some_views_keeps_the_others_correct(setup):
+    """A refresh of per_k trims only t; joined, which also reads t, recomputes on its next refresh
+    (t's delta was applied without it) and ends equal to the full recomputation."""
+    p, _ = setup
+    result = p.refresh(["per_k"])
+    assert [t.table for t in result.tables] == ["t"] and [v.view for v in result.views] == ["per_k"]
+    result = p.refresh()
+    modes = {v.view: (v.mode, v.reason) for v in result.views}
+    assert modes["joined"][0] == "full" and "commit versions 1..1 of t were applied by a run" in modes["joined"][1]
+    assert modes["big"][0] == "full"
+    assert_views_recomputed(p)
+
+
+def test_backfill_on_the_command_line(setup, capsys):
+    """`ivm backfill VIEW --full` recomputes the view and what it reads; without --full it catches the
+    views up like a refresh of them; an unknown view is a one-line error."""
+    from ivm.cli import main
+
+    p, path = setup
+    assert main(["backfill", "big", "--full", "--project", path]) == 0
+    out = capsys.readouterr().out
+    assert "maintain: per_k (stratum 2): full recompute (--mode full)" in out and "backfill succeeded" in out
+    run = p.runs(1)[0]
+    assert run.kind == "backfill" and {s.relation: s.mode for s in run.stages if s.stage == "maintain"} == {
+        "per_k": "full", "big": "full"}
+    p.refresh()  # joined, which the backfill left behind, catches up
+    assert_views_recomputed(p)
+    assert main(["backfill", "nope", "--project", path]) == 2
+    assert capsys.readouterr().err == "ivm: error: unknown view 'nope'\n"
