@@ -264,3 +264,8 @@ class Program:
 
     def rules_for(self, pred: str) -> list[Rule]:
         return [r for r in self.rules if r.head.pred == pred]
+
+    def owner(self, pred: str) -> str:
+        """The view a predicate belongs to (a view owns itself)."""
+        p = self.predicates[pred]
+        return p.owner or p.name

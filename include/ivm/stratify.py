@@ -40,11 +40,6 @@ class Strata:
         return seen
 
 
-def _owner(program: Program, pred: str) -> str:
-    p = program.predicates[pred]
-    return p.owner or p.name
-
-
 def check_safety(program: Program, rule: Rule) -> None:
     """Every variable of the head, of a negated atom and of a condition is bound by a positive atom,
     a GROUPBY subgoal or an assignment (000 §6: safe negation)."""
@@ -63,7 +58,7 @@ def check_safety(program: Program, rule: Rule) -> None:
             if not new <= bound and expr.variables() <= bound:
                 bound |= new
                 changed = True
-    view = _owner(program, rule.head.pred)
+    view = program.owner(rule.head.pred)
 
     def need(vars_: set[str], where: str) -> None:
         loose = sorted(vars_ - bound)
@@ -105,7 +100,7 @@ def stratify(program: Program) -> Strata:
         recursive = len(comp) > 1 or any(p in deps[p] for p in comp)
         for head, body in nonmonotone:
             if recursive and head in comp and body in comp:
-                raise ConfigError(f"views.{_owner(program, head)}: {head} depends on {body} through negation or "
+                raise ConfigError(f"views.{program.owner(head)}: {head} depends on {body} through negation or "
                                   "aggregation inside a recursive cycle; the program is not stratified")
         if recursive:
             _recursive_sets(program, comp)
@@ -125,7 +120,7 @@ def _recursive_sets(program: Program, comp: list[str]) -> None:
         readers = sorted({r.head.pred for r in program.rules if r.head.pred not in comp
                           and any(q == p for q, _ in r.predicates())})
         if pred.kind == "view" or readers:
-            raise ConfigError(f"views.{_owner(program, p)}: {p} is recursive with bag semantics (WITH RECURSIVE "
+            raise ConfigError(f"views.{program.owner(p)}: {p} is recursive with bag semantics (WITH RECURSIVE "
                               "... UNION ALL); use UNION: recursive views are maintained as sets (DRed, 000 §7)")
         pred.semantics = "set"
 

@@ -60,12 +60,6 @@ def _q(name: str) -> str:
     return f"`{name}`"
 
 
-def owner(program: Program, pred: str) -> str:
-    """The view a predicate belongs to (a view owns itself)."""
-    p = program.predicates[pred]
-    return p.owner or p.name
-
-
 def pure(atom: Atom) -> bool:
     """The atom reads its predicate without selection or projection: distinct variables only."""
     names = [a.name for a in atom.args if isinstance(a, Var)]
@@ -94,7 +88,7 @@ def _serves_as_auxiliary(program: Program, view: str, atom: Atom, semantics: str
 def needs_auxiliary(program: Program, rule: Rule, item: BodyItem) -> str | None:
     """The semantics of the auxiliary view Step 1 gives this subgoal (set for a setof, bag for a GROUPBY's
     multisets), or None when it needs none."""
-    view = owner(program, rule.head.pred)
+    view = program.owner(rule.head.pred)
     if isinstance(item, SetOf):
         if case1(program, rule, item) or _serves_as_auxiliary(program, view, item.atom, "set"):
             return None
@@ -111,7 +105,7 @@ def rewrite(program: Program, enabled: Callable[[str], bool]) -> None:
     counters: dict[str, int] = {}
     rules: list[Rule] = []
     for rule in program.rules:
-        view = owner(program, rule.head.pred)
+        view = program.owner(rule.head.pred)
         body = list(rule.body)
         for j, item in enumerate(body):
             semantics = needs_auxiliary(program, rule, item) if enabled(view) else None
@@ -192,7 +186,7 @@ def auxiliary_views(program: Program, view: str) -> list[dict]:
     and the view's rule over it (Figure 1, Step 1)."""
     out = []
     for rule in program.rules:
-        if owner(program, rule.head.pred) != view:
+        if program.owner(rule.head.pred) != view:
             continue
         for item in rule.body:
             if not isinstance(item, SetOf | GroupBy) or program.predicates[item.atom.pred].role != ROLE:
