@@ -14,6 +14,7 @@ import sys
 
 from ivm.errors import IvmError
 from ivm.orchestration.stages import STAGES, run_stage
+from ivm.refresh import MODES
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--run-id", required=True, help="the ivm run (the same for every stage of it)")
     ap.add_argument("--project", help="the project file (default: $IVM_PROJECT, else ./ivm.yaml)")
     ap.add_argument("--views", default="", help="comma-separated views: what plan refreshes, what maintain maintains")
-    ap.add_argument("--mode", default="auto", choices=["auto", "incremental", "full"])
+    ap.add_argument("--mode", default="auto", choices=MODES)
     ap.add_argument("--kind", default="refresh", choices=["refresh", "backfill"])
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -187,7 +187,7 @@ def choose(program: Program, strata: Strata, config: ProjectConfig, view: str) -
             elif cream.case1(program, r, item):
                 reasons.append(f"{item}: 001 §3 Case 1: the view holds every outer variable, so it is its own v_a; "
                                "Δ1–Δ6 over its stored sets and φ's set changes")
-            elif cream.pure(item.atom) and program.predicates[item.atom.pred].semantics == "set":
+            elif cream.set_changes_known(program, item):
                 reasons.append(f"{item}: Δ1–Δ6 (001 §3) over {item.atom.pred}, which serves as v_a")
             else:
                 reasons.append(f"{item}: no auxiliary view (auxiliary_views: false): each touched group's set is "

@@ -13,8 +13,8 @@ import pytest
 from ivm import Project
 from ivm.errors import CatalogError, RunError
 from ivm.maintain.counting import Counting
-from ivm.maintain.recompute import Evaluator
 from ivm.orchestration.stages import run_id_for, run_stage
+from tests.dags.test_dag_run import assert_views_recomputed
 from tests.spark.test_cream import lines
 
 TABLES = {"t": {"columns": {"k": "string", "v": "int"}}, "u": {"columns": {"k": "string", "w": "int"}}}
@@ -26,13 +26,6 @@ STAGES = ["plan", "trim", "maintain", "validate", "publish", "compact", "report"
 
 def zset(project: Project, name: str) -> Counter:
     return Counter({tuple(r[:-1]): r[-1] for r in project.read_zset(name).collect()})
-
-
-def assert_views_recomputed(project: Project) -> None:
-    program, strata = project.program
-    full = Evaluator(program, strata, {t: project.read_zset(t) for t in TABLES})
-    for v in VIEWS:
-        assert zset(project, v) == Counter({tuple(r[:-1]): r[-1] for r in full.relation(v).collect()}), v
 
 
 @pytest.fixture

@@ -338,7 +338,7 @@ class Counting:
 
     def _setof_delta(self, pred: str, r: int | str, s: SetOf) -> DataFrame:
         group = [v.name for v in s.group()]
-        if not (cream.pure(s.atom) and self.program.predicates[s.atom.pred].semantics == "set"):
+        if not cream.set_changes_known(self.program, s):
             # no auxiliary view (`auxiliary_views: false`) over a bag or a projection: the touched groups'
             # sets are read from φ before and after the change, as 001 §3's Γ1–Γ6 do
             touched = self.ev.atom(s.atom, self.used_delta[s.atom.pred]).select(*[F.col(_q(v)) for v in group]) \

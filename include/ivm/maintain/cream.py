@@ -66,6 +66,12 @@ def pure(atom: Atom) -> bool:
     return len(names) == len(atom.args) == len(set(names))
 
 
+def set_changes_known(program: Program, s: SetOf) -> bool:
+    """φ⁺ and φ⁻ are φ's own set changes: the setof reads a set predicate whole (v_a, a keyed table, a
+    view's own set predicate), so Δ1–Δ6 apply without re-reading φ."""
+    return pure(s.atom) and program.predicates[s.atom.pred].semantics == "set"
+
+
 def case1(program: Program, rule: Rule, s: SetOf) -> bool:
     """001 §3 Case 1 with the view as its own v_a: the rule is ``v(X̄, W) :- setof(Ȳ, φ(X̄, Ȳ), W)``
     (the head is exactly the setof's outer variables and W), it is the predicate's only rule, and φ is
@@ -73,8 +79,7 @@ def case1(program: Program, rule: Rule, s: SetOf) -> bool:
     head = [a.name for a in rule.head.args if isinstance(a, Var)]
     return (rule.body == (s,) and len(head) == len(rule.head.args) == len(set(head))
             and set(head) == {v.name for v in s.group()} | {s.result.name}
-            and sum(r.head.pred == rule.head.pred for r in program.rules) == 1
-            and pure(s.atom) and program.predicates[s.atom.pred].semantics == "set")
+            and len(program.rules_for(rule.head.pred)) == 1 and set_changes_known(program, s))
 
 
 def _serves_as_auxiliary(program: Program, view: str, atom: Atom, semantics: str) -> bool:
@@ -231,7 +236,7 @@ def tables_read(program: Program, view_preds: list[str], recursive: set[str]) ->
                     out.setdefault(table, f"joined with the delta of another subgoal of `{rule}`")
                 elif isinstance(item, Literal) and item.negated:
                     out.setdefault(table, "a negated subgoal: Δ(¬q) checks the table's old rows")
-                elif isinstance(item, SetOf) and not (pure(item.atom) and program.predicates[table].semantics == "set"):
+                elif isinstance(item, SetOf) and not set_changes_known(program, item):
                     out.setdefault(table, "setof without an auxiliary view: the touched groups are re-read")
                 elif isinstance(item, GroupBy) and any(kind(a) in RECOMPUTED for a in item.aggregates):
                     out.setdefault(table, "a non-distributive aggregate without an auxiliary view: the touched "
