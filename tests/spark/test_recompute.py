@@ -122,6 +122,9 @@ DATALOG_VIEWS = {
     "dominates_at": ("dominates_at(V, L, W) :- setof(D, tournament(V, D, L), W).",
                      "SELECT victor, location, list_sort(list(DISTINCT defeated)) FROM tournament "
                      "GROUP BY victor, location"),
+    # NULL elements: a set holds none, and a binding whose only elements are NULL has no set
+    "r_sets": ("r_sets(B, S) :- setof(A, r(A, B), S).",
+               "SELECT b, list_sort(list(DISTINCT a)) FROM r WHERE a IS NOT NULL GROUP BY b"),
     "cost_median": ("cost_median(S, M) :- setof(C, clink(S, D, C), X), median(X, M).",
                     "SELECT DISTINCT src, median(cost) FROM (SELECT DISTINCT src, dst, cost FROM clink) "
                     "GROUP BY src, dst"),
