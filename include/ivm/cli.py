@@ -62,7 +62,7 @@ def cmd_refresh(args) -> int:
 
 def cmd_backfill(args) -> int:
     project = _open(args)
-    result = project.backfill(args.views, full=args.full, progress=_out)
+    result = project.backfill(args.views, full=args.full, from_version=args.from_version, progress=_out)
     if result.tables or result.views:
         _out(tabulate(result.summary_rows(), headers=result.SUMMARY_HEADERS, tablefmt="simple"))
     _out(f"backfill {result.status} in {result.seconds:.2f} s")
@@ -167,8 +167,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("backfill", parents=[common],
                        help="refresh or rebuild chosen views now (what the ivm_backfill DAG does)")
     p.add_argument("views", nargs="+", metavar="VIEW", help="the views (and the views they read)")
-    p.add_argument("--full", action="store_true",
-                   help="recompute them from the current snapshot instead of maintaining them")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--full", action="store_true",
+                     help="recompute them from the current snapshot instead of maintaining them")
+    how.add_argument("--from-version", type=int, metavar="N",
+                     help="replay: restore them to their state before commit version N of every table they "
+                          "read and apply the changes since then again")
     p.set_defaults(func=cmd_backfill)
 
     p = sub.add_parser("explain", parents=[common],

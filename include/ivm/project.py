@@ -218,17 +218,20 @@ class Project:
         if stale:
             raise ConfigError(f"view {stale[0]} is not in the catalog yet; run `ivm apply`")
 
-    def backfill(self, views: list[str], full: bool = False,
+    def backfill(self, views: list[str], full: bool = False, from_version: int | None = None,
                  progress: Progress = lambda _: None) -> refresh.RefreshResult:
-        """`ivm backfill`: refresh the named views (and the views they read) now, recomputing them from
-        the current snapshot with ``full``: the stages of the ivm_backfill DAG, in this process."""
+        """`ivm backfill`: refresh the named views (and the views they read) now; with ``full``,
+        recompute them from the current snapshot; with ``from_version``, replay the tables' changes
+        since commit version N onto the state they had before it (ivm.refresh.plan_replay). The stages
+        of the ivm_backfill DAG, in this process."""
         if not views:
             raise ConfigError("backfill: name at least one view")
         for v in views:
             if v not in self.config.views:
                 raise NotFoundError(f"unknown view {v!r}")
         self._check_applied()
-        return refresh.refresh(self, progress, views, "full" if full else "auto", kind="backfill")
+        return refresh.refresh(self, progress, views, "full" if full else "auto", kind="backfill",
+                               from_version=from_version)
 
     def explain(self, view: str) -> explain.Explanation:
         """`ivm explain`: the view's stratum, dependencies, rules and maintenance plan."""

@@ -102,6 +102,23 @@ class Plan:
     tables: list[TableDelta] = field(default_factory=list)
     views: list[ViewWork] = field(default_factory=list)
     mode: str = "auto"
+    #: a replay (``ivm backfill --from-version N``): where it starts; see `plan_replay`
+    replay: Replay | None = None
+
+
+@dataclass
+class Replay:
+    """The state a replay starts from: every relation the views need as a published run left it."""
+
+    from_version: int
+    #: the run whose published state is restored, and its snapshot
+    run_id: str
+    snapshot: dict[str, int]
+    #: relation -> its layers in that state (json, as `_layer_json`)
+    layers: dict[str, list[dict]]
+
+    def paths(self, name: str) -> list[str]:
+        return [x["path"] for x in self.layers[name]]
 
 
 @dataclass
@@ -127,8 +144,14 @@ class RefreshResult:
         return rows
 
 
-def plan(project: Project, views: list[str] | None = None, mode: str = "auto", run_id: str | None = None) -> Plan:
-    """Stage 1: the snapshot, the tables with changes past their watermark, the views to refresh."""
+def plan(project: Project, views: list[str] | None = None, mode: str = "auto", run_id: str | None = None,
+         from_version: int | None = None) -> Plan:
+    """Stage 1: the snapshot, the tables with changes past their watermark, the views to refresh
+    (with ``from_version``: a replay, `plan_replay`)."""
+    if from_version is not None:
+        if mode == "full":
+            raise ConfigError("a replay from a commit version maintains the views; it cannot be --full as well")
+        return plan_replay(project, views or [], from_version, run_id)
     if mode not in MODES:
         raise ConfigError(f"unknown mode {mode!r}; use one of {', '.join(MODES)}")
     catalog = project.catalog
@@ -229,6 +252,81 @@ def _plan_views(project: Project, p: Plan, wanted: list[str] | None, mode: str,
     return work
 
 
+def plan_replay(project: Project, wanted: list[str], from_version: int, run_id: str | None = None) -> Plan:
+    """`ivm backfill VIEW... --from-version N`: the views (and the views they read) go back to the state
+    a published run left them in before commit version N of every table they read, and the tables'
+    changes since then are applied to them again by the same maintenance a refresh runs, up to the
+    tables' published states (the tables themselves do not change). What the views hold now is not
+    read: a replay repairs views whose maintained state went wrong after N (a bug, a hand edit, a lost
+    layer) at the cost of the changes since N, where ``--full`` costs a recompute.
+
+    The restored state is the newest run whose publish recorded every needed relation consistent with
+    its snapshot (`Catalog.restore_points`), with that snapshot before N for every table; the changes
+    are each table's published state minus its restored one (its delta layers since then, as trimmed
+    from the log then). A replay is refused when no such run is on record or garbage collection dropped
+    a restored version (``storage.retention_hours``)."""
+    catalog = project.catalog
+    program, strata = project.program
+    if not wanted:
+        raise ConfigError("a replay names the views to replay")
+    unknown = [v for v in wanted if v not in project.config.views]
+    if unknown:
+        raise NotFoundError(f"unknown view {unknown[0]!r}")
+    if from_version < 1:
+        raise ConfigError(f"--from-version {from_version}: commit versions start at 1")
+    views = sorted({u for v in wanted for u in strata.upstream(v) if u in project.config.views} | set(wanted),
+                   key=lambda v: (strata.stratum_of[v], v))
+    tables = sorted({u for v in views for u in strata.upstream(v) if program.predicates[u].kind == "base"})
+    needed = [*tables, *(r for v in views for r in project.stored_relations(v))]
+    before = [(run, versions) for run, versions in catalog.restore_points()
+              if all(run.snapshot.get(t, 0) < from_version for t in tables)]
+    found = next(((run, versions) for run, versions in before if all(r in versions for r in needed)), None)
+    if found is None:
+        missing = next((r for r in needed if not any(r in versions for _, versions in before)), None)
+        raise NotFoundError(
+            f"cannot replay {', '.join(wanted)} from commit version {from_version}: no published run before it "
+            f"(of {', '.join(tables)}) left {missing or 'every relation they need'} at its snapshot; use --full")
+    run, versions = found
+    layers = {}
+    for r in needed:
+        state = catalog.version_state(r, versions[r])
+        if state is None:
+            raise NotFoundError(f"cannot replay from commit version {from_version}: the state of {r} after run "
+                                f"{run.id} was garbage-collected (storage.retention_hours); use --full")
+        layers[r] = [{"id": x.id, "relation": r, "kind": x.kind, "path": x.path, "rows": x.rows, "bytes": x.bytes}
+                     for x in state.layers]
+    watermarks = catalog.watermarks()
+    restored = {t: int(run.snapshot.get(t, 0)) for t in tables}
+    p = Plan(run_id or new_id("backfill-"), {t: watermarks.get((t, t), 0) for t in tables}, mode="replay",
+             replay=Replay(from_version, run.id, restored, layers))
+    p.tables = [TableDelta(t, restored[t], p.snapshot[t], 0) for t in tables if p.snapshot[t] > restored[t]]
+    changed = {t.table for t in p.tables}
+    defined = catalog.view_defs()
+    since = "; ".join(f"{t.table} {t.from_version + 1}..{t.to_version}" for t in p.tables) or "no changes since"
+    full: set[str] = set()
+    for view in views:
+        upstream = sorted(u for u in strata.upstream(view) if program.predicates[u].kind == "base")
+        d = defined.get(view)
+        created = catalog.version_state(view, versions[view]).created_at
+        recomputed = sorted(full & strata.upstream(view))
+        reason = None
+        if project.config.views[view].mode == "full":
+            reason = "the view is configured with mode: full"
+        elif d is not None and created is not None and aware(d.updated_at) > created:
+            reason = f"the definition changed after run {run.id}"
+        elif recomputed:
+            reason = f"reads {', '.join(recomputed)}, recomputed in this run"
+        if reason is not None:
+            full.add(view)
+            work = ViewWork(view, strata.stratum_of[view], "full", reason, upstream, sorted(changed & set(upstream)))
+        else:
+            work = ViewWork(view, strata.stratum_of[view], "incremental",
+                            f"{algorithm(program, strata, view)}: replay from the state after run {run.id} "
+                            f"(commit versions {since})", upstream, sorted(changed & set(upstream)))
+        p.views.append(work)
+    return p
+
+
 def _rule_change(project: Project, view: str, applied) -> RuleChange | str | None:
     """For a view whose definition changed since its stored state was computed: the rules DRed must
     follow (000 §7), or why it cannot; None when the earlier definition is not known."""
@@ -250,6 +348,32 @@ def algorithm(program, strata, view: str) -> str:
     if recursive:
         return f"DRed (000 §7) for {', '.join(recursive)}, counting (000 §4-6) around it"
     return "counting (000 §4-6)"
+
+
+def replay_delta(project: Project, p: Plan, item: TableDelta) -> TableDelta:
+    """Stage 2 of a replay, for one table: its changes since the restored state, as the published state
+    minus the restored one. While no compaction intervened the published state is the restored layers
+    followed by the delta layers of the runs since (each the net delta trimmed from the log then), and
+    the change is those layers; otherwise the difference of the two states. Staged in the run's scratch
+    space: a replay publishes no table."""
+    started = time.perf_counter()
+    name, schema = item.table, project.schema(item.table)
+    restored = p.replay.layers[name]
+    current = project.catalog.state(name).layers
+    read = lambda paths: project.warehouse.read_layers(project.spark, paths, schema)  # noqa: E731
+    if [x.id for x in current[:len(restored)]] == [x["id"] for x in restored]:
+        added = current[len(restored):]
+        item.log_rows = sum(x.rows or 0 for x in added)
+        delta = consolidate(read([x.path for x in added]))
+    else:
+        item.log_rows = sum(x.rows or 0 for x in current)
+        old = read(p.replay.paths(name)).withColumn(COUNT_COLUMN, -F.col(COUNT_COLUMN))
+        delta = consolidate(read([x.path for x in current]).unionByName(old))
+    path, rows, size = Scratch(project.warehouse, project.spark, p.run_id).put(f"replay/{name}", delta)
+    item.delta_rows = rows
+    item.layer = WrittenLayer(f"replay-{name}", name, "delta", path, rows, size) if rows else None
+    item.seconds = time.perf_counter() - started
+    return item
 
 
 def trim_table(project: Project, run_id: str, item: TableDelta) -> TableDelta:
@@ -311,6 +435,8 @@ def begin(project: Project, p: Plan, kind: str = "refresh") -> None:
     versions = {n: catalog.state(n).version_id for n in [*names, *stored]}
     catalog.save_stage(p.run_id, StageRecord("plan", detail={
         "snapshot": p.snapshot, "mode": p.mode, "versions": versions,
+        "replay": p.replay and {"from_version": p.replay.from_version, "run_id": p.replay.run_id,
+                                "snapshot": p.replay.snapshot, "layers": p.replay.layers},
         "tables": [{"table": t.table, "from_version": t.from_version, "to_version": t.to_version,
                     "log_rows": t.log_rows} for t in p.tables],
         "views": [{"view": v.view, "stratum": v.stratum, "mode": v.mode, "reason": v.reason, "upstream": v.upstream,
@@ -324,7 +450,7 @@ def load_plan(project: Project, run_id: str) -> tuple[Plan, dict[str, int | None
     if not plans:
         raise NotFoundError(f"run {run_id} has no plan (run the plan stage first)")
     d = plans[-1].detail
-    p = Plan(run_id, d["snapshot"], mode=d["mode"])
+    p = Plan(run_id, d["snapshot"], mode=d["mode"], replay=Replay(**d["replay"]) if d.get("replay") else None)
     trimmed = {r.relation: r for r in records if r.stage == "trim"}
     maintained = {r.relation: r for r in records if r.stage == "maintain"}
     for t in d["tables"]:
@@ -354,6 +480,13 @@ def load_plan(project: Project, run_id: str) -> tuple[Plan, dict[str, int | None
     return p, d["versions"]
 
 
+def old_paths(project: Project, p: Plan, name: str) -> list[str]:
+    """The layers of the state a run maintains ``name`` from: the published one, or a replay's restored one."""
+    if p.replay and name in p.replay.layers:
+        return p.replay.paths(name)
+    return [x.path for x in project.catalog.state(name).layers]
+
+
 # -- stage 2: trim ---------------------------------------------------------------------------------------
 
 
@@ -362,14 +495,18 @@ def trim_stage(project: Project, run_id: str, progress: Progress = lambda _: Non
     the run and table, so a retried stage overwrites its own output)."""
     p, _ = load_plan(project, run_id)
     for item in p.tables:
-        trim_table(project, run_id, item)
+        if p.replay:
+            replay_delta(project, p, item)
+        else:
+            trim_table(project, run_id, item)
         project.catalog.save_stage(run_id, StageRecord(
             "trim", item.table, mode="incremental", rows_in=item.log_rows, delta_rows=item.delta_rows,
             seconds=round(item.seconds, 3), status="staged",
             detail={"from_version": item.from_version, "to_version": item.to_version,
                     "layer": _layer_json(item.layer) if item.layer else None}))
         progress(f"trim: {item.table}: commit versions {item.from_version + 1}..{item.to_version}, "
-                 f"{item.log_rows} changes -> net delta of {item.delta_rows} rows ({item.seconds:.2f} s)")
+                 f"{item.log_rows} {'rows of published deltas' if p.replay else 'changes'} -> net delta of "
+                 f"{item.delta_rows} rows ({item.seconds:.2f} s)")
     return p.tables
 
 
@@ -391,7 +528,7 @@ class _Maintenance:
         relations = set(project.config.tables) | {r for w in p.views for r in project.stored_relations(w.view)} | {
             u for w in p.views for u in strata.upstream(w.view) if program.predicates[u].kind == "view"}
         for name in relations:
-            self.states.old_paths[name] = [x.path for x in project.catalog.state(name).layers]
+            self.states.old_paths[name] = old_paths(project, p, name)
         self.counting = Counting(program, strata, self.states, project.groupby_states, project.schema,
                                  project.max_iterations)
         for t in p.tables:
@@ -519,8 +656,7 @@ def validate_stage(project: Project, run_id: str, progress: Progress = lambda _:
         delta_path = work.layers[work.view].path
         delta = project.warehouse.read_layers(project.spark, [delta_path], schema)
         cols = data_columns(delta)
-        new = project.warehouse.read_layers(
-            project.spark, [*(x.path for x in project.catalog.state(work.view).layers), delta_path], schema)
+        new = project.warehouse.read_layers(project.spark, [*old_paths(project, p, work.view), delta_path], schema)
         counts = consolidate(restrict(new, delta.select(*[F.col(f"`{c}`") for c in cols]).distinct(), cols), cols)
         checks.append(counts.where(F.col(COUNT_COLUMN) < 0).limit(1).select(
             F.lit(work.view).alias("view"), F.to_json(F.struct(*[F.col(f"`{c}`") for c in cols])).alias("row"),
@@ -556,16 +692,30 @@ def publish_stage(project: Project, run_id: str, progress: Progress = lambda _: 
     missing = [t.table for t in p.tables if not t.trimmed] + [v.view for v in p.views if not v.maintained]
     if missing:
         raise RunError(f"run {run_id}: {missing[0]} has not been staged yet; nothing was published")
-    changes = [PublishChange(t.table, versions[t.table], [t.layer]) for t in p.tables if t.layer]
-    for v in p.views:
-        changes += [PublishChange(r, versions.get(r), [layer], replace=v.mode == "full", create=True)
-                    for r, layer in v.layers.items()]
-        if v.rule_change is not None and v.view not in v.layers:  # the new definition holds, unchanged
-            changes.append(PublishChange(v.view, versions[v.view], []))
-    watermarks = {(t.table, t.table): t.to_version for t in p.tables}
+    program, strata = project.program
+    if p.replay:  # the tables are as published; every view's restored state, plus its delta, replaces it
+        changes = [PublishChange(r, versions.get(r), [v.layers[r]] if r in v.layers else [], create=True,
+                                 replace=v.mode == "full", base=None if v.mode == "full" else
+                                 [x["id"] for x in p.replay.layers[r]])
+                   for v in p.views for r in project.stored_relations(v.view) if v.mode != "full" or r in v.layers]
+        watermarks = {}
+    else:
+        changes = [PublishChange(t.table, versions[t.table], [t.layer]) for t in p.tables if t.layer]
+        for v in p.views:
+            changes += [PublishChange(r, versions.get(r), [layer], replace=v.mode == "full", create=True)
+                        for r, layer in v.layers.items()]
+            if v.rule_change is not None and v.view not in v.layers:  # the new definition holds, unchanged
+                changes.append(PublishChange(v.view, versions[v.view], []))
+        watermarks = {(t.table, t.table): t.to_version for t in p.tables}
     watermarks |= {(v.view, t): p.snapshot[t] for v in p.views for t in v.upstream}
+    # the states later replays may start from: each relation whose watermarks are this run's snapshot
+    consistent = {t: {(t, t): n} for t, n in p.snapshot.items()}
+    for view in project.config.views:
+        tables = [u for u in strata.upstream(view) if program.predicates[u].kind == "base"]
+        if all(t in p.snapshot for t in tables):
+            consistent |= dict.fromkeys(project.stored_relations(view), {(view, t): p.snapshot[t] for t in tables})
     status = "succeeded" if p.tables or p.views else "noop"
-    project.catalog.publish(run_id, changes, watermarks, status=status)
+    project.catalog.publish(run_id, changes, watermarks, status=status, consistent=consistent)
     seconds = time.perf_counter() - started
     progress(f"publish: {len(changes)} new versions and {len(watermarks)} watermarks at one snapshot ({seconds:.2f} s)")
     project.warehouse.delete(project.warehouse.path("staging", run_id))  # set changes, fixpoint rounds
@@ -591,17 +741,20 @@ def report(project: Project, run_id: str) -> RefreshResult:
 
 
 def refresh(project: Project, progress: Progress = lambda _: None, views: list[str] | None = None,
-            mode: str = "auto", run_id: str | None = None, kind: str = "refresh") -> RefreshResult:
+            mode: str = "auto", run_id: str | None = None, kind: str = "refresh",
+            from_version: int | None = None) -> RefreshResult:
     """`ivm refresh`: plan → trim → maintain → validate → publish → compact in this process, through the
     same stage functions the Airflow tasks run. Raises on bad change data or a failed validation;
     nothing is applied then."""
     started = time.perf_counter()
-    p = plan(project, views, mode, run_id)
+    p = plan(project, views, mode, run_id, from_version)
     if not p.tables and not p.views:
         progress("plan: no table has changes past its watermark and every view is current; nothing to refresh")
         return RefreshResult(None, "noop", p.snapshot, [], time.perf_counter() - started)
     progress(f"plan: run {p.run_id}, snapshot " + ", ".join(f"{t}@{v}" for t, v in p.snapshot.items())
-             + f"; {len(p.tables)} tables and {len(p.views)} views to refresh")
+             + f"; {len(p.tables)} tables and {len(p.views)} views to refresh"
+             + (f"; replay from commit version {p.replay.from_version}: the state after run {p.replay.run_id} "
+                "(" + ", ".join(f"{t}@{v}" for t, v in p.replay.snapshot.items()) + ")" if p.replay else ""))
     if "spark" not in vars(project):  # start Spark outside the stage timings
         t0 = time.perf_counter()
         _ = project.spark

@@ -2,7 +2,8 @@
 worker started on loopback with pyspark's own ``spark-class``, ``spark_default`` pointed at the master,
 and each DAG run with ``dag.test()`` — every stage a real spark-submit of jobs/ivm_stage.py — for the
 demo project with real changes. Afterwards every view equals its full recomputation, and the runs are
-in the catalog as the DAGs' runs.
+in the catalog as the DAGs' runs. The backfill DAG replays a view (params views, from_version) after a
+bad layer got into it.
 
 Airflow runs in a subprocess with its own AIRFLOW_HOME (its configuration is read once per process);
 the views are checked here, on the test session's Spark."""
@@ -21,8 +22,10 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from pyspark.sql import functions as F
 
 from ivm import Project
+from ivm.catalog.store import PublishChange
 from ivm.maintain.recompute import Evaluator
 from ivm.storage import Scratch
 
@@ -140,8 +143,12 @@ def test_refresh_and_backfill_dags_on_a_standalone_cluster(deployment, spark_clu
     assert {s.relation for s in run.stages if s.stage == "trim"} == {"res", "link", "page_view"}
     assert_views_recomputed(project)
     # the backfill DAG with params: rebuild reach (and nothing else) from the current snapshot
-    dag_test(env, "ivm_backfill", {"views": ["reach"], "full": True})
+    # the backfill DAG with params: replay reach from commit version 1 after a bad layer got into it
+    bad = project.read_zset("reach").limit(1).withColumn("__count", F.lit(-1).cast("long"))
+    layer = project.warehouse.write_layer(bad, "reach", "delta")
+    project.catalog.publish("bad", [PublishChange("reach", project.catalog.state("reach").version_id, [layer])], {})
+    dag_test(env, "ivm_backfill", {"views": ["reach"], "from_version": 1})
     run = project.runs(1)[0]
-    assert (run.kind, run.status) == ("backfill", "succeeded")
-    assert {s.relation: s.mode for s in run.stages if s.stage == "maintain"} == {"reach": "full"}
+    assert (run.kind, run.mode, run.status) == ("backfill", "replay", "succeeded")
+    assert {s.relation: s.mode for s in run.stages if s.stage == "maintain"} == {"reach": "incremental"}
     assert_views_recomputed(project)

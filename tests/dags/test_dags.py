@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from airflow.sdk.exceptions import ParamValidationError
 
 from tests.conftest import write_project
 
@@ -76,8 +77,15 @@ def test_backfill_dag_has_params(dagbag):
     assert backfill.schedule is None and backfill.max_active_runs == 1
     assert backfill.params["views"] == ["busy", "joined", "per_k"] and backfill.params["full"] is False
     args = backfill.get_task("plan").application_args
-    assert args[-6:] == ["--views", "{{ params.views | join(',') }}", "--mode",
-                         "{{ 'full' if params.full else 'auto' }}", "--kind", "backfill"]
+    assert args[-8:] == ["--views", "{{ params.views | join(',') }}", "--mode",
+                         "{{ 'full' if params.full else 'auto' }}", "--kind", "backfill",
+                         "--from-version", "{{ params.from_version or '' }}"]
+    assert backfill.params["from_version"] is None
+    backfill.params.validate()
+    replay = backfill.params.get_param("from_version")
+    assert replay.resolve(3) == 3
+    with pytest.raises(ParamValidationError):
+        replay.resolve(0)
     assert {t.task_id for t in backfill.tasks} >= {"maintain_stratum_2", "maintain_stratum_3", "publish"}
 
 

@@ -62,7 +62,7 @@ def test_all_tables_refresh_at_one_snapshot(project, tmp_path):
     run = project.catalog.run(result.run_id)
     assert run.status == "succeeded" and run.snapshot == {"acct": 1, "event": 1}
     assert {(s.stage, s.relation, s.delta_rows) for s in run.stages} == {("plan", None, None), ("trim", "acct", 3),
-                                                                         ("trim", "event", 2)}
+                                                                         ("trim", "event", 2), ("publish", None, None)}
     assert any(line.startswith("publish:") for line in lines)
     # a delta layer was appended: O(|delta|) writes, the base layer is untouched
     assert [x.kind for x in project.catalog.state("acct").layers] == ["base", "delta"]

@@ -7,13 +7,18 @@ final; a refresh of some views does not lose the others' deltas."""
 from __future__ import annotations
 
 from collections import Counter
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
+from pyspark.sql import functions as F
 
-from ivm import Project
+from ivm import Project, gc
+from ivm.catalog.store import PublishChange
 from ivm.errors import CatalogError, RunError
 from ivm.maintain.counting import Counting
 from ivm.orchestration.stages import run_id_for, run_stage
+from ivm.refresh import load_plan
 from tests.dags.test_dag_run import assert_views_recomputed
 from tests.spark.test_cream import lines
 
@@ -153,3 +158,82 @@ def test_backfill_on_the_command_line(setup, capsys):
     assert_views_recomputed(p)
     assert main(["backfill", "nope", "--project", path]) == 2
     assert capsys.readouterr().err == "ivm: error: unknown view 'nope'\n"
+
+
+def corrupt(p: Project, view: str, bad) -> None:
+    """Publish a wrong delta layer into ``view`` (what a maintenance bug would leave behind)."""
+    df = bad(p.read_zset(view).limit(1))
+    layer = p.warehouse.write_layer(df, view, "delta")
+    p.catalog.publish("corrupt", [PublishChange(view, p.catalog.state(view).version_id, [layer])], {})
+
+
+@pytest.fixture
+def three_runs(setup, tmp_path):
+    """Runs at t@0/u@0 (after the loads), t@1/u@1 and t@2/u@2; then per_k gains a tuple and joined loses
+    one that the log never changed."""
+    p, path = setup
+    p.refresh()
+    p.append("t", lines(tmp_path / "c3.jsonl", [("a", 1), ("b", 3)], "delete", cols=("k", "v")))
+    p.append("t", lines(tmp_path / "c4.jsonl", [("c", 4), ("a", 1)], "insert", cols=("k", "v")))
+    p.append("u", lines(tmp_path / "c5.jsonl", [("c", 30)], "insert", cols=("k", "w")))
+    p.refresh()
+    runs = {r.snapshot["t"]: r.id for r in p.runs(10) if r.kind == "refresh"}
+    assert sorted(runs) == [0, 1, 3]
+    corrupt(p, "per_k", lambda df: df.withColumn("k", F.lit("zz")))
+    corrupt(p, "joined", lambda df: df.withColumn("__count", -F.col("__count")))
+    with pytest.raises(AssertionError):
+        assert_views_recomputed(p)
+    return p, path, runs
+
+
+def test_a_replay_from_a_commit_version_repairs_the_views(three_runs):
+    """`--from-version 2` through the stage commands (the backfill DAG's): the views go back to the state
+    after the run at t@1/u@1 and the changes since are applied again, read from the tables' published
+    delta layers; the tables and their watermarks stay as they are, and the next refresh is incremental."""
+    p, path, runs = three_runs
+    tables, marks = {t: zset(p, t) for t in TABLES}, p.catalog.watermarks()
+    run_id = "replay-2"
+    stage(path, "plan", run_id, views=["big", "joined"], kind="backfill", from_version=2)
+    plan, _ = load_plan(p, run_id)
+    assert plan.replay.run_id == runs[1] and plan.replay.snapshot == {"t": 1, "u": 1}
+    assert [(t.table, t.from_version, t.to_version) for t in plan.tables] == [("t", 1, 3), ("u", 1, 2)]
+    assert {v.view: v.mode for v in plan.views} == dict.fromkeys(VIEWS, "incremental")
+    assert f"replay from the state after run {runs[1]} (commit versions t 2..3; u 2..2)" in plan.views[0].reason
+    for name in STAGES[1:]:
+        stage(path, name, run_id)
+    assert_views_recomputed(p)
+    trimmed = {s.relation: s for s in p.catalog.run(run_id).stages if s.stage == "trim"}
+    # t's changes since t@1: the delta layer the run at t@3 published ((a, 1) out and in again cancel)
+    assert trimmed["t"].rows_in == trimmed["t"].delta_rows == 2
+    assert {t: zset(p, t) for t in TABLES} == tables and p.catalog.watermarks() == marks
+    run = p.catalog.run(run_id)
+    assert (run.kind, run.mode, run.status) == ("backfill", "replay", "succeeded")
+    p.append("u", lines(Path(path).parent / "c6.jsonl", [("a", 10)], "delete", cols=("k", "w")))
+    assert {v.view: v.mode for v in p.refresh().views} == {"joined": "incremental"}
+    assert_views_recomputed(p)
+
+
+def test_a_replay_across_a_compaction_and_its_refusals(three_runs, capsys):
+    """After a compaction the changes are the difference of the two states; `ivm backfill --from-version`
+    on the command line; a replay from before every recorded state, with --full, or from states garbage
+    collection dropped, is refused with one line and changes nothing."""
+    from ivm.cli import main
+
+    p, path, runs = three_runs
+    p.compact(["t", "u"], force=True)
+    assert main(["backfill", "big", "joined", "--from-version", "3", "--project", path]) == 0
+    assert f"replay from commit version 3: the state after run {runs[1]} (t@1, u@1)" in capsys.readouterr().out
+    assert_views_recomputed(p)
+    with pytest.raises(SystemExit) as exit_:
+        main(["backfill", "big", "--from-version", "2", "--full", "--project", path])
+    assert exit_.value.code == 2 and "argument --full: not allowed with argument --from-version" in \
+        capsys.readouterr().err
+    versions = {v: p.catalog.state(v).version_id for v in VIEWS}
+    assert main(["backfill", "big", "--from-version", "0", "--project", path]) == 2
+    assert capsys.readouterr().err == "ivm: error: --from-version 0: commit versions start at 1\n"
+    gc.collect(p, now=datetime.now(UTC) + timedelta(days=365))
+    assert main(["backfill", "big", "--from-version", "2", "--project", path]) != 0
+    err = capsys.readouterr().err
+    assert err.startswith("ivm: error: cannot replay from commit version 2: the state of ") and \
+        f"after run {runs[1]} was garbage-collected (storage.retention_hours); use --full" in err
+    assert {v: p.catalog.state(v).version_id for v in VIEWS} == versions

@@ -31,6 +31,7 @@ from ivm.catalog.models import (
     Run,
     RunStage,
     TableDef,
+    Validation,
     VersionLayer,
     ViewDef,
     Watermark,
@@ -109,6 +110,9 @@ class PublishChange:
     replace: bool = False
     #: an auxiliary relation (an auxiliary predicate or GROUPBY state of a view) is created on first publish
     create: bool = False
+    #: the layers (ids) of an earlier version to put before ``layers`` instead of the current version's:
+    #: a replay publishes the restored state plus its delta
+    base: Sequence[str] | None = None
 
 
 @dataclass
@@ -214,8 +218,18 @@ class Catalog:
         rel = session.get(Relation, name)
         if rel is None or rel.current_version_id is None:
             return RelationState(name, None, 0)
-        version = session.get(RelationVersion, rel.current_version_id)
-        assert version is not None, f"relation {name} points at a missing version"
+        state = self.version_state(name, rel.current_version_id, session)
+        assert state is not None, f"relation {name} points at a missing version"
+        return state
+
+    def version_state(self, name: str, version_id: int, session: Session | None = None) -> RelationState | None:
+        """A version of a relation, current or not; None once garbage collection dropped it."""
+        if session is None:
+            with self.session() as s:
+                return self.version_state(name, version_id, s)
+        version = session.get(RelationVersion, version_id)
+        if version is None or version.relation != name:
+            return None
         return RelationState(name, version.id, version.version, tuple(
             LayerRef(layer.id, layer.kind, layer.path, layer.rows, layer.bytes) for layer in version.layers),
             aware(version.created_at))
@@ -344,6 +358,35 @@ class Catalog:
         with self.session() as s:
             return s.get(Run, run_id)
 
+    def restore_points(self) -> list[tuple[Run, dict[str, int]]]:
+        """Every published run with the relation versions its publish recorded as consistent with its
+        snapshot (relation -> version id), newest first: the states a replay can start from."""
+        with self.session() as s:
+            rows = s.execute(select(Run, RunStage.detail).join(RunStage, RunStage.run_id == Run.id)
+                             .where(RunStage.stage == "publish", Run.status == "succeeded")
+                             .order_by(Run.finished_at.desc(), Run.id.desc()))
+            return [(run, {k: int(v) for k, v in (detail or {}).get("versions", {}).items()}) for run, detail in rows]
+
+    # -- validations -----------------------------------------------------------------------------
+
+    def save_validation(self, run_id: str, view: str, sample_size: int, mismatches: int, status: str,
+                        report_uri: str | None, summary: dict[str, Any]) -> None:
+        """Record a view's validation in a run, replacing what an earlier attempt of it recorded."""
+        with self.session() as s:
+            s.execute(delete(Validation).where(Validation.run_id == run_id, Validation.view == view))
+            s.add(Validation(run_id=run_id, view=view, sample_size=sample_size, mismatches=mismatches,
+                             status=status, report_uri=report_uri, summary=summary))
+
+    def validations(self, view: str | None = None, run_id: str | None = None, limit: int = 100) -> list[Validation]:
+        """Validations, newest first."""
+        with self.session() as s:
+            q = select(Validation).order_by(Validation.created_at.desc(), Validation.id.desc()).limit(limit)
+            if view is not None:
+                q = q.where(Validation.view == view)
+            if run_id is not None:
+                q = q.where(Validation.run_id == run_id)
+            return list(s.scalars(q))
+
     # -- leases ----------------------------------------------------------------------------------
 
     def acquire_leases(self, run_id: str, relations: Iterable[str], timeout: timedelta) -> None:
@@ -375,9 +418,14 @@ class Catalog:
 
     def publish(self, run_id: str, changes: Sequence[PublishChange],
                 watermarks: dict[tuple[str, str], int], stages: Sequence[StageRecord] = (),
-                status: str = "succeeded") -> dict[str, int]:
+                status: str = "succeeded", consistent: dict[str, dict[tuple[str, str], int]] | None = None
+                ) -> dict[str, int]:
         """The commit point: new versions of every changed relation, watermarks, and the run's outcome,
-        in one transaction. Returns the new version number of each relation."""
+        in one transaction. Returns the new version number of each relation.
+
+        ``consistent``: relation -> the watermarks that make its state the run's snapshot; the versions
+        of the relations whose watermarks match, once this run's are in, are recorded with the run (its
+        ``publish`` stage), so a replay can later start from them (ivm.refresh)."""
         now = utcnow()
         published: dict[str, int] = {}
         with self.session() as s:
@@ -392,7 +440,10 @@ class Catalog:
                     raise CatalogError(f"{change.relation} changed since run {run_id} read it; "
                                        "nothing was published")
                 previous = s.get(RelationVersion, rel.current_version_id) if rel.current_version_id else None
-                kept = [] if change.replace or previous is None else [e.layer_id for e in previous.entries]
+                if change.base is not None:
+                    kept = list(change.base)
+                else:
+                    kept = [] if change.replace or previous is None else [e.layer_id for e in previous.entries]
                 for w in change.layers:
                     s.add(Layer(id=w.id, relation=w.relation, kind=w.kind, path=w.path, rows=w.rows,
                                 bytes=w.bytes, run_id=run_id, created_at=now))
@@ -415,6 +466,16 @@ class Catalog:
                     wm.commit_version, wm.updated_at = commit_version, now
             for stage in stages:
                 s.add(RunStage(run_id=run_id, **stage.__dict__))
+            if consistent is not None:
+                s.flush()
+                marks = {(w.relation, w.source_table): int(w.commit_version) for w in s.scalars(select(Watermark))}
+                versions = {}
+                for name, needed in consistent.items():
+                    rel = s.get(Relation, name)
+                    if rel is not None and rel.current_version_id is not None and all(
+                            marks.get(k) == v for k, v in needed.items()):
+                        versions[name] = rel.current_version_id
+                s.add(RunStage(run_id=run_id, stage="publish", detail={"versions": versions}))
             for staged in s.scalars(select(RunStage).where(RunStage.run_id == run_id, RunStage.status == "staged")):
                 staged.status = "succeeded"  # what the run's stages staged is published now
             run = s.get(Run, run_id)

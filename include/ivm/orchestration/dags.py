@@ -2,7 +2,7 @@
 and one backfill DAG for manual runs, every stage a spark-submit of ``jobs/ivm_stage.py``.
 
     ivm_refresh[_<schedule>]   plan → trim → maintain_stratum_1 … n → validate → publish → compact → report
-    ivm_backfill               the same, triggered by hand with params: views, full
+    ivm_backfill               the same, triggered by hand with params: views, full, from_version
 
 Each ``maintain_stratum_k`` is mapped over the views the run planned in stratum k (a small Python task,
 ``views_stratum_k``, reads them from the run's record), so the views of one stratum run side by side
@@ -77,10 +77,14 @@ def build_dags(jobs_dir: str | Path, path: str | None = None, conn_id: str | Non
     dags["ivm_backfill"] = _dag(
         "ivm_backfill", None, job, path, conn_id, project_name, sorted(config.views), strata, config,
         plan_args=["--views", "{{ params.views | join(',') }}", "--mode", "{{ 'full' if params.full else 'auto' }}",
-                   "--kind", "backfill"],
-        params={"views": (sorted(config.views), "the views to refresh (and the views they read)"),
-                "full": (False, "recompute the views from the current snapshot instead of maintaining them")},
-        doc="Manual refresh or rebuild of chosen views: trigger with params `views` and `full`.")
+                   "--kind", "backfill", "--from-version", "{{ params.from_version or '' }}"],
+        params={"views": (sorted(config.views), "the views to refresh (and the views they read)", {}),
+                "full": (False, "recompute the views from the current snapshot instead of maintaining them", {}),
+                "from_version": (None, "replay: restore the views to their state before this commit version of "
+                                       "every table they read and apply the changes since then again (empty: no "
+                                       "replay; not with full)", {"type": ["null", "integer"], "minimum": 1})},
+        doc="Manual refresh, rebuild or replay of chosen views: trigger with params `views`, `full`, "
+            "`from_version`.")
     return dags
 
 
@@ -102,7 +106,7 @@ def _dag(dag_id, schedule, job, path, conn_id, project_name, views, strata, conf
 
     with DAG(dag_id, schedule=schedule, start_date=datetime(2026, 1, 1, tzinfo=UTC), catchup=False,
              max_active_runs=1, tags=["ivm"], doc_md=doc, user_defined_macros={"ivm_run_id": run_id_for},
-             params={k: Param(v, description=d) for k, (v, d) in (params or {}).items()}) as dag:
+             params={k: Param(v, description=d, **schema) for k, (v, d, schema) in (params or {}).items()}) as dag:
         plan = submit("plan", *plan_args)
         previous = [plan >> submit("trim")]
         for stratum in sorted({strata.stratum_of[v] for v in views}):

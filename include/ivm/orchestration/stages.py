@@ -30,16 +30,17 @@ def run_id_for(dag_id: str, airflow_run_id: str) -> str:
 
 
 def run_stage(project: Project, stage: str, run_id: str, views: list[str] | None = None, mode: str = "auto",
-              kind: str = "refresh") -> refresh.RefreshResult | None:
+              kind: str = "refresh", from_version: int | None = None) -> refresh.RefreshResult | None:
     """Run ``stage`` of run ``run_id``; progress and timings go to the log (the task log in Airflow).
-    ``views`` and ``mode`` matter to ``plan`` (which views the run refreshes, and how) and ``maintain``
-    (which of the planned views this task maintains: one stratum's, or one view)."""
+    ``views``, ``mode`` and ``from_version`` (a replay) matter to ``plan`` (which views the run
+    refreshes, and how); ``views`` to ``maintain`` too (which of the planned views this task
+    maintains: one stratum's, or one view)."""
     started = time.perf_counter()
     say = log.info
     say("ivm %s: run %s%s", stage, run_id, f", views {', '.join(views)}" if views else "")
     try:
         if stage == "plan":
-            p = refresh.plan(project, views or None, mode, run_id)
+            p = refresh.plan(project, views or None, mode, run_id, from_version)
             refresh.begin(project, p, kind)
             say("plan: snapshot %s; %d tables, %d views: %s", p.snapshot, len(p.tables), len(p.views),
                 "; ".join(f"{w.view} (stratum {w.stratum}): {w.mode}, {w.reason}" for w in p.views) or "nothing to do")
