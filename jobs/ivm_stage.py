@@ -1,7 +1,7 @@
 """spark-submit entry point: one stage of one ivm run (DESIGN.md §9).
 
     spark-submit jobs/ivm_stage.py STAGE --run-id ID [--project ivm.yaml] [--views a,b] [--mode auto] [--kind refresh]
-                                 [--from-version N]
+                                 [--from-version N] [--sample N]
 
 Spark comes from spark-submit (master, conf); the stage itself is ivm.orchestration.stages.run_stage.
 Exit code 0 on success, the error's code with a one-line reason otherwise.
@@ -27,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mode", default="auto", choices=MODES)
     ap.add_argument("--kind", default="refresh", choices=["refresh", "backfill"])
     ap.add_argument("--from-version", default="", help="plan a replay from this commit version (empty: none)")
+    ap.add_argument("--sample", default="", help="validate: keys per view to recompute (empty: each view's own)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
@@ -40,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     project = Project.open(args.project)
     try:
         run_stage(project, args.stage, args.run_id, [v for v in args.views.split(",") if v], args.mode, args.kind,
-                  int(args.from_version) if args.from_version.strip() else None)
+                  int(args.from_version) if args.from_version.strip() else None,
+                  int(args.sample) if args.sample.strip() else None)
     except IvmError as e:
         print(f"ivm_stage: error: {e}", file=sys.stderr)
         return e.exit_code

@@ -62,7 +62,8 @@ def cmd_refresh(args) -> int:
 
 def cmd_backfill(args) -> int:
     project = _open(args)
-    result = project.backfill(args.views, full=args.full, from_version=args.from_version, progress=_out)
+    result = project.backfill(args.views, full=args.full, from_version=args.from_version, sample=args.sample,
+                              progress=_out)
     if result.tables or result.views:
         _out(tabulate(result.summary_rows(), headers=result.SUMMARY_HEADERS, tablefmt="simple"))
     _out(f"backfill {result.status} in {result.seconds:.2f} s")
@@ -98,10 +99,33 @@ def cmd_explain(args) -> int:
     return 0
 
 
+def cmd_validate(args) -> int:
+    from ivm.errors import ValidationError
+
+    project = _open(args)
+    checks = project.validate(args.views or None, sample=args.sample, progress=_out)
+    if checks:
+        _out(tabulate([[c.view, c.status, len(c.comparison.rows) if c.comparison else 0,
+                        len(c.comparison.mismatches) if c.comparison else 0,
+                        f"{sum(r['success'] for r in c.expectations)}/{len(c.expectations)}", c.report_uri or "",
+                        f"{c.seconds:.2f}"] for c in checks],
+                      headers=["view", "status", "rows sampled", "mismatches", "expectations met", "report",
+                               "seconds"], tablefmt="simple"))
+    failed = [c for c in checks if c.status == "failed"]
+    if failed:
+        raise ValidationError(f"view {failed[0].view}: {failed[0].problem}")
+    return 0
+
+
 def cmd_runs(args) -> int:
     project = _open(args)
     table = []
-    for run in project.runs(args.limit):
+    runs = project.runs(args.limit)
+    checks: dict[str, list[str]] = {}
+    for v in project.catalog.validations(limit=50 * max(1, args.limit)):
+        checks.setdefault(v.run_id, []).append(f"{v.view} {v.status}" + (f" ({v.mismatches} mismatches)"
+                                                                          if v.mismatches else ""))
+    for run in runs:
         seconds = (run.finished_at - run.started_at).total_seconds() if run.finished_at else None
         deltas = ", ".join(f"{s.relation}:{s.delta_rows}" for s in run.stages
                            if s.stage == "trim" and s.delta_rows is not None)
@@ -109,9 +133,10 @@ def cmd_runs(args) -> int:
                           f"{s.seconds or 0:.2f}s" for s in run.stages if s.stage == "maintain")
         table.append([run.id, run.kind, run.status, run.mode or "",
                       ", ".join(f"{k}@{v}" for k, v in sorted(run.snapshot.items()) if k in run.relations),
-                      deltas, views, f"{seconds:.2f}" if seconds is not None else "", (run.error or "")[:80]])
+                      deltas, views, "\n".join(checks.get(run.id, [])), f"{seconds:.2f}" if seconds is not None else "",
+                      (run.error or "")[:80]])
     _out(tabulate(table, headers=["run", "kind", "status", "mode", "snapshot", "table deltas",
-                                  "views (mode, changed tuples, time)", "seconds", "error"],
+                                  "views (mode, changed tuples, time)", "validation", "seconds", "error"],
                   tablefmt="simple") if table else "no runs yet")
     return 0
 
@@ -173,6 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
     how.add_argument("--from-version", type=int, metavar="N",
                      help="replay: restore them to their state before commit version N of every table they "
                           "read and apply the changes since then again")
+    p.add_argument("--sample", type=int, metavar="N",
+                   help="keys per view the validation recomputes (default: each view's validate.sample; 0: none)")
     p.set_defaults(func=cmd_backfill)
 
     p = sub.add_parser("explain", parents=[common],
@@ -186,6 +213,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=["table", "csv", "json"], default="table")
     p.add_argument("--limit", type=int, help="at most N rows (default 20 for --format table, all otherwise)")
     p.set_defaults(func=cmd_show)
+
+    p = sub.add_parser("validate", parents=[common],
+                       help="check published views against a sampled recomputation (Great Expectations)")
+    p.add_argument("views", nargs="*", metavar="VIEW", help="the views (default: all)")
+    p.add_argument("--sample", type=int, metavar="N", help="keys per view to recompute (default: validate.sample)")
+    p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("runs", parents=[common], help="run history")
     p.add_argument("--limit", type=int, default=20)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import sqlglot
 import yaml
@@ -84,11 +84,24 @@ class StorageSettings(_Model):
     lease_timeout_minutes: float = Field(default=120.0, gt=0)
 
 
-class ValidateSettings(_Model):
-    """Sampled recomputation after each refresh (DESIGN.md §7)."""
+class ExpectationSpec(_Model):
+    """A Great Expectations expectation in GE's own form, checked over the rows of the view's sample."""
 
+    type: str = Field(pattern=r"^expect_[a-z0-9_]+$")
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+class ValidateSettings(_Model):
+    """Sampled recomputation after each refresh (DESIGN.md §7, ivm.validate)."""
+
+    #: keys of the view recomputed and compared per refresh (and as many of the keys the run touched);
+    #: 0 turns the sampled recomputation off (the check for negative counts stays)
     sample: int = Field(default=1000, ge=0)
+    #: fail: a mismatch blocks the publish and fails the run; warn: publish and flag the run
     policy: Literal["fail", "warn"] = "fail"
+    #: more expectations over the sampled rows (GE's `{type, kwargs}`), e.g.
+    #: `{type: expect_column_values_to_be_between, kwargs: {column: n, min_value: 0}}`
+    expectations: list[ExpectationSpec] = Field(default_factory=list)
 
 
 class TableConfig(_Model):
@@ -173,6 +186,9 @@ class ViewConfig(_Model):
     datalog: str | None = None
     schedule: str | None = None
     validate_: ValidateSettings = Field(default_factory=ValidateSettings, alias="validate")
+    #: columns that identify a row of the view: validation expects them not null and unique, and
+    #: samples by them (default: the GROUP BY columns, else all columns)
+    key: list[str] | None = None
     mode: Literal["auto", "incremental", "full"] = "auto"
     strategy: Literal["counting", "keyed", "reduce"] | None = None
     #: rounds a recursive fixpoint (evaluation or a DRed step) may take before the refresh fails

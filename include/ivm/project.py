@@ -26,6 +26,7 @@ from ivm.maintain.recompute import Evaluator, as_used
 from ivm.spark import session
 from ivm.storage import Warehouse, new_id
 from ivm.stratify import Strata, stratify
+from ivm.validate import ViewCheck, ViewState, check_views
 from ivm.zset import consolidate, expand
 
 log = logging.getLogger(__name__)
@@ -152,6 +153,19 @@ class Project:
             except AnalysisException as e:
                 raise ConfigError(f"views.{view}: Spark cannot evaluate it: {e.getMessage().splitlines()[0]}") from e
 
+    def _check_validation(self) -> None:
+        """A view's declared key and expectations name its columns, and GE knows the expectations."""
+        for name, view in self.config.views.items():
+            columns = self.program[0].predicates[name].columns
+            unknown = [c for c in view.key or [] if c not in columns]
+            if unknown:
+                raise ConfigError(f"views.{name}.key: unknown column {unknown[0]!r} (the view has {', '.join(columns)})")
+            if view.validate_.expectations:
+                from ivm.expectations import user_expectation
+
+                for spec in view.validate_.expectations:
+                    user_expectation(spec.model_dump(), name, columns)
+
     def apply(self) -> list[str]:
         """`ivm apply`: record the project's tables and views in the catalog.
 
@@ -161,6 +175,7 @@ class Project:
         """
         _ = self.program
         self._check_types()
+        self._check_validation()
         applied = self.catalog.table_defs()
         for name, table in self.config.tables.items():
             old = applied.get(name)
@@ -219,11 +234,11 @@ class Project:
             raise ConfigError(f"view {stale[0]} is not in the catalog yet; run `ivm apply`")
 
     def backfill(self, views: list[str], full: bool = False, from_version: int | None = None,
-                 progress: Progress = lambda _: None) -> refresh.RefreshResult:
+                 sample: int | None = None, progress: Progress = lambda _: None) -> refresh.RefreshResult:
         """`ivm backfill`: refresh the named views (and the views they read) now; with ``full``,
         recompute them from the current snapshot; with ``from_version``, replay the tables' changes
-        since commit version N onto the state they had before it (ivm.refresh.plan_replay). The stages
-        of the ivm_backfill DAG, in this process."""
+        since commit version N onto the state they had before it (ivm.refresh.plan_replay); ``sample``
+        overrides the views' validation sample size. The stages of the ivm_backfill DAG, in this process."""
         if not views:
             raise ConfigError("backfill: name at least one view")
         for v in views:
@@ -231,7 +246,48 @@ class Project:
                 raise NotFoundError(f"unknown view {v!r}")
         self._check_applied()
         return refresh.refresh(self, progress, views, "full" if full else "auto", kind="backfill",
-                               from_version=from_version)
+                               from_version=from_version, sample=sample)
+
+    def validate(self, views: list[str] | None = None, sample: int | None = None,
+                 progress: Progress = lambda _: None) -> list[ViewCheck]:
+        """`ivm validate`: the sampled recomputation check (ivm.validate) of published views (default:
+        all), recorded as a run of kind ``validate``. A view whose watermarks lag its tables' (a refresh
+        has not caught it up) is not checked: it holds an older snapshot than the tables."""
+        self._check_applied()
+        names = views or list(self.config.views)
+        unknown = [v for v in names if v not in self.config.views]
+        if unknown:
+            raise NotFoundError(f"unknown view {unknown[0]!r}")
+        program, strata = self.program
+        watermarks = self.catalog.watermarks()
+        states, read = [], set()
+        for view in names:
+            tables = [u for u in strata.upstream(view) if program.predicates[u].kind == "base"]
+            state = self.catalog.state(view)
+            behind = [t for t in tables if watermarks.get((view, t), 0) != watermarks.get((t, t), 0)]
+            if state.version_id is None or behind:
+                progress(f"validate: {view}: not checked, " + ("not materialized yet" if state.version_id is None
+                         else f"it has not absorbed the published state of {behind[0]} (run `ivm refresh`)"))
+                continue
+            states.append(ViewState(view, [x.path for x in state.layers], sum(x.rows or 0 for x in state.layers)))
+            read |= set(tables)
+        if not states:
+            return []
+        run_id = new_id("validate-")
+        snapshot = {t: watermarks.get((t, t), 0) for t in sorted(read)}
+        self.catalog.start_run(run_id, "validate", snapshot, [s.view for s in states])
+        try:
+            checks = check_views(self, run_id, states, {t: [x.path for x in self.catalog.state(t).layers]
+                                                        for t in sorted(read)}, sample, progress)
+        except BaseException as e:
+            self.catalog.finish_run(run_id, "failed", one_line(e))
+            raise
+        finally:
+            self.warehouse.delete(self.warehouse.path("staging", run_id))
+        failed = [c for c in checks if c.status == "failed"]
+        self.catalog.finish_run(run_id, "failed" if failed else "succeeded",
+                                f"{failed[0].view}: {failed[0].problem}" if failed else None)
+        return checks
 
     def explain(self, view: str) -> explain.Explanation:
         """`ivm explain`: the view's stratum, dependencies, rules and maintenance plan."""

@@ -39,7 +39,7 @@ from ivm.maintain.counting import Counting, RunStates, materialize, view_predica
 from ivm.maintain.dred import RuleChange, rule_change
 from ivm.maintain.recompute import Evaluator
 from ivm.storage import Scratch, WrittenLayer, new_id
-from ivm.zset import consolidate, data_columns, restrict, union_all
+from ivm.zset import consolidate
 
 if TYPE_CHECKING:
     from ivm.project import Project
@@ -480,11 +480,16 @@ def load_plan(project: Project, run_id: str) -> tuple[Plan, dict[str, int | None
     return p, d["versions"]
 
 
-def old_paths(project: Project, p: Plan, name: str) -> list[str]:
-    """The layers of the state a run maintains ``name`` from: the published one, or a replay's restored one."""
+def old_layers(project: Project, p: Plan, name: str) -> list[tuple[str, int]]:
+    """The layers (path, rows) of the state a run maintains ``name`` from: the published one, or a
+    replay's restored one."""
     if p.replay and name in p.replay.layers:
-        return p.replay.paths(name)
-    return [x.path for x in project.catalog.state(name).layers]
+        return [(x["path"], x["rows"] or 0) for x in p.replay.layers[name]]
+    return [(x.path, x.rows or 0) for x in project.catalog.state(name).layers]
+
+
+def old_paths(project: Project, p: Plan, name: str) -> list[str]:
+    return [path for path, _ in old_layers(project, p, name)]
 
 
 # -- stage 2: trim ---------------------------------------------------------------------------------------
@@ -640,44 +645,43 @@ def maintain_stage(project: Project, run_id: str, views: list[str] | None = None
 # -- stage 4: validate -------------------------------------------------------------------------------------
 
 
-def validate_stage(project: Project, run_id: str, progress: Progress = lambda _: None) -> dict[str, str]:
-    """Stage 4: check every incrementally maintained view's staged new state before it is published.
-    Here: no tuple the run changed may end with a count below zero (a delta deleting what was not
-    there), checked for all views in one Spark job over the changed tuples only; the sampled
-    recomputation of DESIGN.md §7 extends this stage. A failing view stops the publish (nothing is
-    applied), unless its policy is ``warn``. Returns the failing views and their first bad tuple."""
+def validate_stage(project: Project, run_id: str, progress: Progress = lambda _: None,
+                   sample: int | None = None) -> dict[str, str]:
+    """Stage 4: check every incrementally maintained view's staged new state before it is published
+    (ivm.validate): no tuple the run changed may end with a negative count, and a sample of its keys
+    (the ones the run touched first) recomputed from the new snapshot must equal it, row by row with
+    counts, under its Great Expectations suite. Results go to the catalog. A failing view stops the
+    publish (nothing is applied) unless its policy is ``warn``. ``sample`` overrides the views'
+    ``validate.sample``. Returns the views with problems and what they are."""
+    from ivm.validate import ViewState, check_views
+
     p, _ = load_plan(project, run_id)
-    started = time.perf_counter()
-    checks = []
+    program, strata = project.program
+    states = []
     for work in p.views:
-        if work.mode != "incremental" or work.view not in work.layers:
+        if work.mode != "incremental":  # a full recompute is its own recomputation; a noop changed nothing
             continue
-        schema = project.schema(work.view)
-        delta_path = work.layers[work.view].path
-        delta = project.warehouse.read_layers(project.spark, [delta_path], schema)
-        cols = data_columns(delta)
-        new = project.warehouse.read_layers(project.spark, [*old_paths(project, p, work.view), delta_path], schema)
-        counts = consolidate(restrict(new, delta.select(*[F.col(f"`{c}`") for c in cols]).distinct(), cols), cols)
-        checks.append(counts.where(F.col(COUNT_COLUMN) < 0).limit(1).select(
-            F.lit(work.view).alias("view"), F.to_json(F.struct(*[F.col(f"`{c}`") for c in cols])).alias("row"),
-            F.col(COUNT_COLUMN)))
-    bad = {r["view"]: f"tuple {r['row']} would have count {r[COUNT_COLUMN]}"
-           for r in (union_all(checks).collect() if checks else [])}
-    seconds = time.perf_counter() - started
-    for work in p.views:
-        if work.mode != "incremental" or work.view not in work.layers:
-            continue
-        policy = project.config.views[work.view].validate_.policy
-        outcome = "passed" if work.view not in bad else ("warned" if policy == "warn" else "failed")
-        project.catalog.save_stage(run_id, StageRecord("validate", work.view, mode=work.mode, status="staged",
-                                                       detail={"check": "no negative counts", "outcome": outcome,
-                                                               **({"problem": bad[work.view]} if work.view in bad else {})}))
-    if checks:
-        progress(f"validate: {len(checks)} views, {len(bad)} with problems ({seconds:.2f} s)")
-    failed = [v for v in bad if project.config.views[v].validate_.policy != "warn"]
+        delta = work.layers.get(work.view)
+        old = old_layers(project, p, work.view)
+        states.append(ViewState(work.view, [path for path, _ in old] + ([delta.path] if delta else []),
+                                sum(rows for _, rows in old) + (delta.rows or 0 if delta else 0),
+                                delta.path if delta else None))
+    if not states:
+        return {}
+    deltas = {t.table: t.layer.path for t in p.tables if t.layer}
+    read = {u for st in states for u in strata.upstream(st.view) if program.predicates[u].kind == "base"}
+    tables = {t: old_paths(project, p, t) + ([deltas[t]] if t in deltas else []) for t in sorted(read)}
+    checks = check_views(project, run_id, states, tables, sample, progress)
+    for c in checks:
+        project.catalog.save_stage(run_id, StageRecord("validate", c.view, mode="incremental", status="staged",
+                                                       rows_in=len(c.comparison.rows) if c.comparison else 0,
+                                                       seconds=round(c.seconds, 3),
+                                                       detail={"outcome": c.status, "problem": c.problem,
+                                                               "report": c.report_uri}))
+    failed = [c for c in checks if c.status == "failed"]
     if failed:
-        raise ValidationError(f"view {failed[0]}: {bad[failed[0]]} after run {run_id}; nothing was published")
-    return bad
+        raise ValidationError(f"view {failed[0].view}: {failed[0].problem} after run {run_id}; nothing was published")
+    return {c.view: c.problem for c in checks if c.problem}
 
 
 # -- stage 5: publish; stage 6: compact ---------------------------------------------------------------------
@@ -692,6 +696,10 @@ def publish_stage(project: Project, run_id: str, progress: Progress = lambda _: 
     missing = [t.table for t in p.tables if not t.trimmed] + [v.view for v in p.views if not v.maintained]
     if missing:
         raise RunError(f"run {run_id}: {missing[0]} has not been staged yet; nothing was published")
+    failed = [r.relation for r in project.catalog.stage_records(run_id)
+              if r.stage == "validate" and r.detail.get("outcome") == "failed"]
+    if failed:
+        raise ValidationError(f"run {run_id}: validation failed for {failed[0]}; nothing was published")
     program, strata = project.program
     if p.replay:  # the tables are as published; every view's restored state, plus its delta, replaces it
         changes = [PublishChange(r, versions.get(r), [v.layers[r]] if r in v.layers else [], create=True,
@@ -742,7 +750,7 @@ def report(project: Project, run_id: str) -> RefreshResult:
 
 def refresh(project: Project, progress: Progress = lambda _: None, views: list[str] | None = None,
             mode: str = "auto", run_id: str | None = None, kind: str = "refresh",
-            from_version: int | None = None) -> RefreshResult:
+            from_version: int | None = None, sample: int | None = None) -> RefreshResult:
     """`ivm refresh`: plan → trim → maintain → validate → publish → compact in this process, through the
     same stage functions the Airflow tasks run. Raises on bad change data or a failed validation;
     nothing is applied then."""
@@ -763,7 +771,7 @@ def refresh(project: Project, progress: Progress = lambda _: None, views: list[s
         begin(project, p, kind)
         trim_stage(project, p.run_id, progress)
         maintain_stage(project, p.run_id, None, progress)
-        validate_stage(project, p.run_id, progress)
+        validate_stage(project, p.run_id, progress, sample)
         result = publish_stage(project, p.run_id, progress)
     except BaseException as e:
         project.catalog.finish_run(p.run_id, "failed", one_line(e))

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -142,6 +143,14 @@ def test_refresh_and_backfill_dags_on_a_standalone_cluster(deployment, spark_clu
     assert [v for v in project.config.views if project.catalog.state(v).version_id != before[v]]
     assert {s.relation for s in run.stages if s.stage == "trim"} == {"res", "link", "page_view"}
     assert_views_recomputed(project)
+    # the validate task checked every incrementally maintained view (counting, DRed, CReaM) against its
+    # sampled recomputation, and its extra link (kept as an XCom) leads to the run's data-quality page
+    checks = {v.view: v.status for v in project.catalog.validations(run_id=run.id)}
+    assert checks == {v: "passed" for v, mode in maintained.items() if mode == "incremental"}
+    with sqlite3.connect(Path(env["AIRFLOW_HOME"]) / "airflow.db") as db:
+        (link,) = db.execute("SELECT value FROM xcom WHERE dag_id = 'ivm_refresh' AND task_id = 'validate' "
+                             "AND key = '_link_DataQualityLink'").fetchone()
+    assert json.loads(link).endswith(f"/ivm/quality?run={run.id}")
     # the backfill DAG with params: rebuild reach (and nothing else) from the current snapshot
     # the backfill DAG with params: replay reach from commit version 1 after a bad layer got into it
     bad = project.read_zset("reach").limit(1).withColumn("__count", F.lit(-1).cast("long"))

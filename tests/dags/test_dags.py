@@ -80,13 +80,32 @@ def test_backfill_dag_has_params(dagbag):
     assert args[-8:] == ["--views", "{{ params.views | join(',') }}", "--mode",
                          "{{ 'full' if params.full else 'auto' }}", "--kind", "backfill",
                          "--from-version", "{{ params.from_version or '' }}"]
-    assert backfill.params["from_version"] is None
+    assert backfill.params["from_version"] is None and backfill.params["sample"] is None
+    assert backfill.get_task("validate").application_args[-2:] == [
+        "--sample", "{{ '' if params.sample is none else params.sample }}"]
     backfill.params.validate()
     replay = backfill.params.get_param("from_version")
     assert replay.resolve(3) == 3
     with pytest.raises(ParamValidationError):
         replay.resolve(0)
     assert {t.task_id for t in backfill.tasks} >= {"maintain_stratum_2", "maintain_stratum_3", "publish"}
+
+
+def test_validate_tasks_link_to_their_data_quality_page(dagbag):
+    """Each validate task carries the extra link to its ivm run's data-quality page (Airflow 3 resolves it
+    when the task ends and keeps the URL as an XCom, which the DAG run test checks)."""
+    from airflow.models.taskinstancekey import TaskInstanceKey
+
+    from ivm.orchestration.stages import run_id_for
+
+    for dag in dagbag.dags.values():
+        validate = dag.get_task("validate")
+        assert type(validate).__name__ == "ValidateOperator" and validate.application_args[0] == "validate"
+        (link,) = validate.operator_extra_links
+        assert link.name == "Data quality" and link.xcom_key == "_link_DataQualityLink"
+        key = TaskInstanceKey(dag.dag_id, "validate", "manual__2026-11-26T10:00:00+00:00")
+        assert link.get_link(validate, ti_key=key).endswith(
+            f"/ivm/quality?run={run_id_for(dag.dag_id, key.run_id)}")
 
 
 def test_docker_compose_has_the_airflow_3_layout():

@@ -2,7 +2,9 @@
 and one backfill DAG for manual runs, every stage a spark-submit of ``jobs/ivm_stage.py``.
 
     ivm_refresh[_<schedule>]   plan → trim → maintain_stratum_1 … n → validate → publish → compact → report
-    ivm_backfill               the same, triggered by hand with params: views, full, from_version
+    ivm_backfill               the same, triggered by hand with params: views, full, from_version, sample
+
+The validate task links to the run's data-quality page (ivm.orchestration.links, plugins/).
 
 Each ``maintain_stratum_k`` is mapped over the views the run planned in stratum k (a small Python task,
 ``views_stratum_k``, reads them from the run's record), so the views of one stratum run side by side
@@ -72,25 +74,31 @@ def build_dags(jobs_dir: str | Path, path: str | None = None, conn_id: str | Non
     for schedule, views in schedule_groups(config).items():
         dag_id = dag_id_for(schedule)
         dags[dag_id] = _dag(dag_id, schedule, job, path, conn_id, project_name, closure(views), strata, config,
-                            plan_args=["--views", ",".join(sorted(views)), "--mode", "auto"],
+                            plan_args=["--views", ",".join(sorted(views)), "--mode", "auto"], validate_args=[],
                             doc=f"Scheduled refresh of {', '.join(sorted(views))} ({schedule or 'no schedule'}).")
     dags["ivm_backfill"] = _dag(
         "ivm_backfill", None, job, path, conn_id, project_name, sorted(config.views), strata, config,
         plan_args=["--views", "{{ params.views | join(',') }}", "--mode", "{{ 'full' if params.full else 'auto' }}",
                    "--kind", "backfill", "--from-version", "{{ params.from_version or '' }}"],
+        validate_args=["--sample", "{{ '' if params.sample is none else params.sample }}"],
         params={"views": (sorted(config.views), "the views to refresh (and the views they read)", {}),
                 "full": (False, "recompute the views from the current snapshot instead of maintaining them", {}),
                 "from_version": (None, "replay: restore the views to their state before this commit version of "
                                        "every table they read and apply the changes since then again (empty: no "
-                                       "replay; not with full)", {"type": ["null", "integer"], "minimum": 1})},
+                                       "replay; not with full)", {"type": ["null", "integer"], "minimum": 1}),
+                "sample": (None, "keys per view the validation recomputes (empty: each view's validate.sample; "
+                                 "0: none)", {"type": ["null", "integer"], "minimum": 0})},
         doc="Manual refresh, rebuild or replay of chosen views: trigger with params `views`, `full`, "
-            "`from_version`.")
+            "`from_version`, `sample`.")
     return dags
 
 
-def _dag(dag_id, schedule, job, path, conn_id, project_name, views, strata, config, plan_args, doc, params=None):
+def _dag(dag_id, schedule, job, path, conn_id, project_name, views, strata, config, plan_args, validate_args, doc,
+         params=None):
     from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
     from airflow.sdk import DAG, Asset, Param, TriggerRule, task
+
+    from ivm.orchestration.links import ValidateOperator
 
     # the driver runs the interpreter Airflow runs (it has ivm installed); so do local executors
     env = {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable, PROJECT_ENV: path}
@@ -99,10 +107,9 @@ def _dag(dag_id, schedule, job, path, conn_id, project_name, views, strata, conf
     conf = {**DEFAULT_CONF, **config.spark.conf}
     common = {"application": job, "conn_id": conn_id, "env_vars": env, "conf": conf, "retries": 2}
 
-    def submit(stage: str, *extra: str, **kwargs):
-        return SparkSubmitOperator(task_id=stage, name=f"ivm-{stage}",
-                                   application_args=[stage, "--run-id", RUN, "--project", path, *extra],
-                                   **common, **kwargs)
+    def submit(stage: str, *extra: str, operator=SparkSubmitOperator, **kwargs):
+        return operator(task_id=stage, name=f"ivm-{stage}",
+                        application_args=[stage, "--run-id", RUN, "--project", path, *extra], **common, **kwargs)
 
     with DAG(dag_id, schedule=schedule, start_date=datetime(2026, 1, 1, tzinfo=UTC), catchup=False,
              max_active_runs=1, tags=["ivm"], doc_md=doc, user_defined_macros={"ivm_run_id": run_id_for},
@@ -131,7 +138,7 @@ def _dag(dag_id, schedule, job, path, conn_id, project_name, views, strata, conf
             previous[-1] >> chosen
             chosen >> maintain
             previous.append(maintain)
-        validate = submit("validate", trigger_rule=TriggerRule.NONE_FAILED)
+        validate = submit("validate", *validate_args, operator=ValidateOperator, trigger_rule=TriggerRule.NONE_FAILED)
         publish = submit("publish", trigger_rule=TriggerRule.NONE_FAILED,
                          outlets=[Asset(name=f"ivm_{project_name}_{v}", uri=f"ivm://{project_name}/{v}") for v in views])
         compact = submit("compact", trigger_rule=TriggerRule.NONE_FAILED)

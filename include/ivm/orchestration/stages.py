@@ -30,11 +30,12 @@ def run_id_for(dag_id: str, airflow_run_id: str) -> str:
 
 
 def run_stage(project: Project, stage: str, run_id: str, views: list[str] | None = None, mode: str = "auto",
-              kind: str = "refresh", from_version: int | None = None) -> refresh.RefreshResult | None:
+              kind: str = "refresh", from_version: int | None = None,
+              sample: int | None = None) -> refresh.RefreshResult | None:
     """Run ``stage`` of run ``run_id``; progress and timings go to the log (the task log in Airflow).
     ``views``, ``mode`` and ``from_version`` (a replay) matter to ``plan`` (which views the run
     refreshes, and how); ``views`` to ``maintain`` too (which of the planned views this task
-    maintains: one stratum's, or one view)."""
+    maintains: one stratum's, or one view); ``sample`` to ``validate``."""
     started = time.perf_counter()
     say = log.info
     say("ivm %s: run %s%s", stage, run_id, f", views {', '.join(views)}" if views else "")
@@ -49,7 +50,7 @@ def run_stage(project: Project, stage: str, run_id: str, views: list[str] | None
         elif stage == "maintain":
             refresh.maintain_stage(project, run_id, views or None, say)
         elif stage == "validate":
-            refresh.validate_stage(project, run_id, say)
+            refresh.validate_stage(project, run_id, say, sample)
         elif stage == "publish":
             return refresh.publish_stage(project, run_id, say)
         elif stage == "compact":

@@ -95,6 +95,14 @@ def main() -> int:
     say("\n== a refresh with nothing new launches no Spark job")
     result = project.refresh(progress=lambda line: say(f"   {line}"))
 
+    say("\n== ivm validate: every view against a recomputation of a sample of its keys (Great Expectations)")
+    checks = project.validate(progress=lambda line: say(f"   {line}"))
+    say(f"   {sum(c.status == 'passed' for c in checks)} of {len(checks)} views passed; Data Docs: "
+        f"{project.warehouse.path('reports', 'data_docs', 'index.html')}")
+
+    say("\n== ivm backfill reach --from-version 2: replay reach from its state before commit version 2")
+    result = project.backfill(["reach"], from_version=2, progress=lambda line: say(f"   {line}"))
+
     say("\n== ivm runs")
     rows = [[r.id, r.kind, r.status, ", ".join(f"{s.relation}:{s.delta_rows}" for s in r.stages
                                                if s.delta_rows is not None), r.error or ""]

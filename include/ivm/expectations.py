@@ -1,0 +1,168 @@
+"""Great Expectations 1.x over a view's sampled comparison (DESIGN.md §7, ivm.validate).
+
+Per view, a suite checks the comparison frame (the view's columns, ``__staged`` and ``__expected``
+counts of each sampled row):
+
+* ``expect_column_pair_values_to_be_equal(__staged, __expected)``: no mismatching row;
+* ``expect_column_values_to_be_between(__staged, min 1)`` over the rows the state holds (the
+  row condition ``__staged != 0``): no negative or zero count;
+* with a declared ``key``: its columns not null and unique over the rows the state holds;
+* the view's own ``validate.expectations`` from the project file (GE's ``{type, kwargs}`` form), over
+  the rows the state holds.
+
+It runs through a Checkpoint whose UpdateDataDocsAction writes the Data Docs to
+``<warehouse>/reports/data_docs`` (a local folder or S3); each view's result page is its report. The
+comparison is a pandas frame of about twice the sample (ivm.validate brings it to the driver): GE's
+pandas engine checks it in milliseconds, where its Spark engine would launch a job per metric.
+
+The context is ephemeral (suites and results live in the process; the catalog keeps the summary and
+the Data Docs keep the pages) and made once per process: importing GE takes seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from functools import cache
+from typing import TYPE_CHECKING, Any
+
+from ivm.errors import ConfigError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+log = logging.getLogger(__name__)
+
+SITE = "ivm"
+#: the kwargs of an expectation that name columns
+COLUMN_ARGS = ("column", "column_A", "column_B")
+COLUMN_LIST_ARGS = ("column_list",)
+
+
+@dataclass
+class SuiteResult:
+    success: bool
+    #: per expectation: type, kwargs, success, unexpected count or observed value
+    results: list[dict[str, Any]]
+    report_uri: str | None
+
+
+def docs_site(warehouse_uri: str) -> dict | None:
+    """The Data Docs site config for a warehouse: a local folder or an S3 prefix (else None: no docs)."""
+    base = warehouse_uri.rstrip("/") + "/reports/data_docs"
+    if base.startswith(("s3://", "s3a://")):
+        bucket, _, prefix = base.split("://", 1)[1].partition("/")
+        backend = {"class_name": "TupleS3StoreBackend", "bucket": bucket, "prefix": prefix}
+    elif "://" not in base or base.startswith("file://"):
+        backend = {"class_name": "TupleFilesystemStoreBackend", "base_directory": base.removeprefix("file://")}
+    else:
+        log.warning("validate: no Data Docs for a warehouse at %s (local folders and S3 only)", warehouse_uri)
+        return None
+    return {"class_name": "SiteBuilder", "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
+            "store_backend": backend}
+
+
+def user_expectation(spec: dict[str, Any], view: str, columns: list[str]):
+    """A ``{type, kwargs}`` expectation of the project file as a GE expectation, restricted to the rows
+    the view's state holds; a one-line ConfigError naming the view when GE or the columns disagree."""
+    from great_expectations.expectations.expectation_configuration import ExpectationConfiguration
+
+    kwargs = dict(spec.get("kwargs") or {})
+    named = [kwargs[a] for a in COLUMN_ARGS if a in kwargs] + [c for a in COLUMN_LIST_ARGS for c in kwargs.get(a, [])]
+    unknown = [c for c in named if c not in columns]
+    if unknown:
+        raise ConfigError(f"views.{view}.validate.expectations: {spec['type']}: unknown column {unknown[0]!r}")
+    if "row_condition" not in kwargs:
+        kwargs["row_condition"] = held()
+    try:
+        return ExpectationConfiguration(type=spec["type"], kwargs=kwargs).to_domain_obj()
+    except Exception as e:  # noqa: BLE001 - GE raises several kinds for an unknown type or bad kwargs
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"views.{view}.validate.expectations: {spec['type']}: {first}") from e
+
+
+def held():
+    """The rows of the comparison the view's state holds (the others are rows only the recomputation has)."""
+    from great_expectations.expectations.row_conditions import Column
+
+    from ivm.validate import STAGED
+
+    return Column(STAGED) != 0
+
+
+def suite_expectations(view: str, columns: list[str], key: list[str] | None, user: list[dict[str, Any]]) -> list:
+    import great_expectations.expectations as gxe
+
+    from ivm.validate import EXPECTED, STAGED
+
+    out = [gxe.ExpectColumnPairValuesToBeEqual(column_A=STAGED, column_B=EXPECTED,
+                                               description="the view's state equals its recomputation"),
+           gxe.ExpectColumnValuesToBeBetween(column=STAGED, min_value=1, row_condition=held(),
+                                             description="no tuple is held with a negative or zero count")]
+    for c in key or []:
+        out.append(gxe.ExpectColumnValuesToNotBeNull(column=c, row_condition=held()))
+    if key and len(key) == 1:
+        out.append(gxe.ExpectColumnValuesToBeUnique(column=key[0], row_condition=held()))
+    elif key:
+        out.append(gxe.ExpectCompoundColumnsToBeUnique(column_list=list(key), row_condition=held()))
+    out += [user_expectation(spec, view, columns) for spec in user]
+    return out
+
+
+@cache
+def _context(warehouse_uri: str):
+    import great_expectations as gx
+    from great_expectations.data_context.types.base import ProgressBarsConfig
+
+    context = gx.get_context(mode="ephemeral")
+    context.variables.progress_bars = ProgressBarsConfig(globally=False)
+    site = docs_site(warehouse_uri)
+    if site is not None:
+        context.add_data_docs_site(site_name=SITE, site_config=site)
+    return context, context.data_sources.add_pandas(name="ivm"), site is not None
+
+
+def run_suite(warehouse_uri: str, run_id: str, view: str, frame: pd.DataFrame, columns: list[str],
+              key: list[str] | None, user: list[dict[str, Any]]) -> SuiteResult:
+    """Validate ``frame`` (a view's comparison) with the view's suite through a Checkpoint that updates
+    the Data Docs; returns each expectation's outcome and the view's report page."""
+    import great_expectations as gx
+
+    context, source, docs = _context(warehouse_uri)
+    name = f"ivm.{view}"
+    try:
+        asset = source.get_asset(name)
+    except LookupError:
+        asset = source.add_dataframe_asset(name=name)
+    try:
+        batch = asset.get_batch_definition(name)
+    except (KeyError, LookupError, ValueError):
+        batch = asset.add_batch_definition_whole_dataframe(name)
+    suite = context.suites.add_or_update(gx.ExpectationSuite(name=name, expectations=suite_expectations(
+        view, columns, key, user)))
+    definition = context.validation_definitions.add_or_update(gx.ValidationDefinition(name=name, data=batch,
+                                                                                      suite=suite))
+    actions = [gx.checkpoint.UpdateDataDocsAction(name="data_docs", site_names=[SITE])] if docs else []
+    checkpoint = context.checkpoints.add_or_update(gx.Checkpoint(
+        name=name, validation_definitions=[definition], actions=actions, result_format={"result_format": "SUMMARY"}))
+    result = checkpoint.run(batch_parameters={"dataframe": frame}, run_id=gx.RunIdentifier(run_name=run_id))
+    (identifier, validation), = result.run_results.items()
+    outcomes = []
+    for r in validation.results:
+        config = r.expectation_config
+        outcomes.append({"expectation": config.type,
+                         "kwargs": {k: v for k, v in config.kwargs.items() if k not in ("batch_id",)},
+                         "success": bool(r.success),
+                         "unexpected": r.result.get("unexpected_count"),
+                         "observed": _json(r.result.get("observed_value"))})
+    uri = None
+    if docs:
+        urls = context.get_docs_sites_urls(resource_identifier=identifier, site_names=[SITE])
+        uri = urls[0]["site_url"] if urls else None
+    return SuiteResult(bool(result.success), outcomes, uri)
+
+
+def _json(v):
+    if v is None or isinstance(v, bool | int | float | str):
+        return v
+    return str(v)

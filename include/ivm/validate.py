@@ -1,0 +1,282 @@
+"""Validation by sampled recomputation (DESIGN.md §7).
+
+For a view's new state (staged by a run, or published), a sample of its keys is recomputed from the
+base tables and compared, row by row with counts, with the state:
+
+* the keys this run's delta touched, up to the sample size (a wrong delta shows there first);
+* a uniform sample of all keys, drawn on *both* sides at once: a key is in it when a hash of its
+  columns (seeded per run) falls below the sample fraction. Drawn from the state, it catches wrong and
+  extra rows; drawn from the recomputation, rows the state is missing.
+
+The recomputation is the view's full plan (ivm.maintain.recompute) restricted to those keys by one
+filter on the key columns' hash (in the sampled range, or one of the touched keys' hashes). Catalyst
+pushes it below projections, through joins to the side that has the key columns, and below
+aggregates when the keys are the grouping columns (PushPredicateThroughNonJoin and its join
+counterpart), down to the scans; where it cannot (a recursive view's fixpoint), the view is
+recomputed and then filtered.
+
+The keys of a view are its declared ``key``, else its GROUP BY columns, else all its columns. The
+comparison holds about twice the sample in rows and is what Great Expectations validates
+(ivm.expectations); it is the only thing brought to the driver, bounded by the sample size.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from ivm.config import COUNT_COLUMN
+from ivm.ir import GroupBy, Program, Var
+from ivm.storage import Scratch
+from ivm.zset import consolidate, restrict, union_all
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from ivm.project import Project
+
+log = logging.getLogger(__name__)
+
+STAGED, EXPECTED = "__staged", "__expected"
+#: the hash sample's resolution: fractions are multiples of 1 / BUCKETS
+BUCKETS = 1_000_000
+#: rows of the comparison brought to the driver, per key asked for (each side's row of a key, with slack)
+ROWS_PER_KEY = 4
+
+
+@dataclass
+class Comparison:
+    """A view's sampled comparison: the rows (view columns, ``__staged``, ``__expected`` counts; 0 where
+    a side lacks the row) as a pandas frame, and what was asked for."""
+
+    view: str
+    keys: list[str]
+    sample: int
+    touched: int
+    rows: pd.DataFrame
+    truncated: bool
+    seconds: float = 0.0
+    mismatches: pd.DataFrame = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.mismatches = self.rows[self.rows[STAGED] != self.rows[EXPECTED]]
+
+    def examples(self, limit: int = 10) -> list[dict]:
+        """The first mismatching rows: the row's columns, its count in the state and in the recomputation."""
+        out = []
+        for rec in self.mismatches.head(limit).to_dict("records"):
+            row = {k: _plain(v) for k, v in rec.items() if k not in (STAGED, EXPECTED)}
+            out.append({"row": row, "staged": int(rec[STAGED]), "expected": int(rec[EXPECTED])})
+        return out
+
+    def describe(self, limit: int = 3) -> str:
+        """The mismatches in one line: how many, and the first rows with both counts."""
+        shown = "; ".join(f"{_row(e['row'])} has count {e['staged']}, recomputed {e['expected']}"
+                          for e in self.examples(limit))
+        more = len(self.mismatches) - min(limit, len(self.mismatches))
+        return f"{len(self.mismatches)} of {len(self.rows)} sampled rows differ from the recomputation: {shown}" + (
+            f" (and {more} more)" if more > 0 else "")
+
+
+def _plain(v):
+    """A pandas/numpy value as JSON would hold it."""
+    if hasattr(v, "item"):
+        v = v.item()
+    if isinstance(v, float) and v != v:  # NaN: pandas' NULL
+        return None
+    if hasattr(v, "tolist"):
+        return v.tolist()
+    return v
+
+
+def _row(row: dict) -> str:
+    return "(" + ", ".join(f"{k}={v!r}" for k, v in row.items()) + ")"
+
+
+def key_columns(program: Program, view: str, declared: Sequence[str] | None) -> list[str]:
+    """The columns a view's sample is drawn on: its declared key, else its GROUP BY columns (the
+    grouping variables in the head of its one aggregate rule), else all its columns."""
+    if declared:
+        return list(declared)
+    columns = program.predicates[view].columns
+    rules = program.rules_for(view)
+    if len(rules) == 1:
+        groups = [item for item in rules[0].body if isinstance(item, GroupBy)]
+        if len(groups) == 1 and groups[0].by:
+            by = {v.name for v in groups[0].by}
+            keys = [c for c, a in zip(columns, rules[0].head.args, strict=True) if isinstance(a, Var) and a.name in by]
+            if len(keys) == len(by):
+                return keys
+    return list(columns)
+
+
+@dataclass
+class KeySample:
+    """Which keys of a view are checked: those whose seeded hash falls in the first ``fraction`` of the
+    hash range, and those whose hash is one of ``touched`` (the hashes of the keys a run touched)."""
+
+    keys: list[str]
+    fraction: float
+    seed: int
+    touched: list[int] = field(default_factory=list)
+
+    def hash(self):
+        return F.xxhash64(*[F.col(f"`{k}`") for k in self.keys], F.lit(self.seed))
+
+    def restrict(self, df: DataFrame) -> DataFrame:
+        """The rows of ``df`` (the state or the recomputation) whose keys are in the sample: one
+        deterministic filter over the key columns, the same on both sides (a key that shares a touched
+        key's hash is simply sampled too), which Catalyst can push towards the scans."""
+        h = self.hash()
+        cond = F.pmod(h, F.lit(BUCKETS)) < int(round(self.fraction * BUCKETS))
+        if self.touched:
+            cond = cond | h.isin(self.touched)
+        return df.where(cond)
+
+
+def key_sample(keys: list[str], sample: int, rows_estimate: int, touched: DataFrame | None, seed: int) -> KeySample:
+    """About ``sample`` keys by hash, out of about ``rows_estimate``, plus up to ``sample`` of the keys
+    in ``touched`` (e.g. the run's delta of the view): their hashes, at most ``sample`` numbers, are
+    brought to the driver to become part of the filter."""
+    ks = KeySample(keys, min(1.0, sample / max(1, rows_estimate)), seed)
+    if touched is not None and sample > 0:
+        ks.touched = sorted(r[0] for r in touched.select(ks.hash()).distinct().limit(sample).collect())
+    return ks
+
+
+def compare(staged: DataFrame, expected: DataFrame, view: str, ks: KeySample, sample: int) -> Comparison:
+    """Compare the consolidated Z-sets ``staged`` (the view's state) and ``expected`` (its
+    recomputation, unrestricted) on the keys of ``ks``: one Spark job, its result on the driver."""
+    started = time.perf_counter()
+    columns = [F.col(f"`{c}`") for c in staged.columns if c != COUNT_COLUMN]
+    zero = F.lit(0).cast("long")
+    s = ks.restrict(staged).select(*columns, F.col(COUNT_COLUMN).alias(STAGED), zero.alias(EXPECTED))
+    e = ks.restrict(expected).select(*columns, zero.alias(STAGED), F.col(COUNT_COLUMN).alias(EXPECTED))
+    both = (s.unionByName(e).groupBy(*columns)
+             .agg(F.sum(STAGED).cast("long").alias(STAGED), F.sum(EXPECTED).cast("long").alias(EXPECTED)))
+    cap = ROWS_PER_KEY * (sample + len(ks.touched)) + 100
+    # the mismatches first, so a truncated comparison still holds them
+    rows = both.orderBy((F.col(STAGED) == F.col(EXPECTED)).asc()).limit(cap + 1).toPandas()
+    truncated = len(rows) > cap
+    if truncated:
+        log.warning("validate: %s: the comparison has more than %d rows; checked the first %d", view, cap, cap)
+        rows = rows.head(cap)
+    return Comparison(view, ks.keys, sample, len(ks.touched), rows, truncated, time.perf_counter() - started)
+
+
+# -- checking views: the validate stage of a run, and `ivm validate` ------------------------------------
+
+
+@dataclass
+class ViewState:
+    """A view's state to check: its layers (staged or published), their rows (an upper bound of the
+    state's), and the run's delta layer of it, whose keys are checked first."""
+
+    view: str
+    paths: list[str]
+    rows: int
+    delta: str | None = None
+
+
+@dataclass
+class ViewCheck:
+    view: str
+    status: str  # passed | failed | warned
+    sample: int
+    problem: str | None = None
+    comparison: Comparison | None = None
+    expectations: list[dict] = field(default_factory=list)
+    report_uri: str | None = None
+    seconds: float = 0.0
+
+    def summary(self) -> dict:
+        """What the catalog keeps of the check (ivm_validations.summary)."""
+        c = self.comparison
+        return {"problem": self.problem, "sample": self.sample, "seconds": round(self.seconds, 3),
+                "keys": c.keys if c else [], "touched": c.touched if c else 0, "rows": len(c.rows) if c else 0,
+                "truncated": c.truncated if c else False, "mismatches": c.examples() if c else [],
+                "expectations": self.expectations}
+
+
+def negative_counts(project: Project, states: list[ViewState]) -> dict[str, str]:
+    """No tuple a run changed may end with a count below zero (a delta deleting what was not there):
+    for all views in one Spark job over their changed tuples only. View -> its first bad tuple."""
+    checks = []
+    for st in states:
+        if st.delta is None:
+            continue
+        schema = project.schema(st.view)
+        delta = project.warehouse.read_layers(project.spark, [st.delta], schema)
+        cols = [c for c in delta.columns if c != COUNT_COLUMN]
+        new = project.warehouse.read_layers(project.spark, st.paths, schema)
+        counts = consolidate(restrict(new, delta.select(*[F.col(f"`{c}`") for c in cols]).distinct(), cols), cols)
+        checks.append(counts.where(F.col(COUNT_COLUMN) < 0).limit(1).select(
+            F.lit(st.view).alias("view"), F.to_json(F.struct(*[F.col(f"`{c}`") for c in cols])).alias("row"),
+            F.col(COUNT_COLUMN)))
+    if not checks:
+        return {}
+    rows = union_all(checks).collect()  # at most one row per view
+    return {r["view"]: f"tuple {r['row']} would have count {r[COUNT_COLUMN]}" for r in rows}
+
+
+def check_views(project: Project, run_id: str, states: list[ViewState], tables: dict[str, list[str]],
+                sample: int | None = None, progress: Callable[[str], None] = lambda _: None) -> list[ViewCheck]:
+    """Check each view's state: no negative counts among the tuples its delta changed, and (unless its
+    sample is 0) its sampled comparison with the recomputation from ``tables`` (table -> the layers of
+    its state at the same snapshot), validated by its Great Expectations suite. Each result goes to
+    the catalog (ivm_validations) with the view's policy applied: failed, or warned under ``warn``.
+    ``sample`` overrides the views' ``validate.sample``."""
+    from ivm.expectations import run_suite
+    from ivm.maintain.recompute import Evaluator
+
+    program, strata = project.program
+    scratch = Scratch(project.warehouse, project.spark, f"{run_id}/validate")
+    negative = negative_counts(project, states)
+    seed = int(hashlib.sha1(run_id.encode()).hexdigest()[:8], 16)
+    full = Evaluator(program, strata, {
+        t: consolidate(project.warehouse.read_layers(project.spark, paths, project.schema(t)))
+        for t, paths in tables.items()}, scratch=scratch, limits=project.max_iterations)
+    checks = []
+    for st in states:
+        started = time.perf_counter()
+        config = project.config.views[st.view]
+        n = config.validate_.sample if sample is None else sample
+        check = ViewCheck(st.view, "passed", n, negative.get(st.view))
+        if n > 0:
+            schema = project.schema(st.view)
+            staged = consolidate(project.warehouse.read_layers(project.spark, st.paths, schema))
+            keys = key_columns(program, st.view, config.key)
+            touched = project.warehouse.read_layers(project.spark, [st.delta], schema) if st.delta else None
+            ks = key_sample(keys, n, st.rows, touched, seed)
+            check.comparison = c = compare(staged, full.relation(st.view), st.view, ks, n)
+            suite = run_suite(project.warehouse.uri, run_id, st.view, c.rows, list(schema.names), config.key,
+                              [e.model_dump() for e in config.validate_.expectations])
+            check.expectations, check.report_uri = suite.results, suite.report_uri
+            failed = [r for r in suite.results if not r["success"]]
+            if len(c.mismatches):
+                check.problem = "; ".join(filter(None, [check.problem, c.describe()]))
+            elif failed and check.problem is None:
+                check.problem = "expectation " + "; ".join(
+                    f"{r['expectation']}({', '.join(f'{k}={v}' for k, v in r['kwargs'].items() if k.startswith('column'))})"
+                    f" failed for {r['unexpected'] if r['unexpected'] is not None else r['observed']} rows"
+                    for r in failed[:3])
+        if check.problem is not None:
+            check.status = "warned" if config.validate_.policy == "warn" else "failed"
+        check.seconds = time.perf_counter() - started
+        c = check.comparison
+        project.catalog.save_validation(run_id, st.view, len(c.rows) if c else 0, len(c.mismatches) if c else 0,
+                                        check.status, check.report_uri, check.summary())
+        progress(f"validate: {st.view}: {check.status}"
+                 + (f", {len(c.rows)} sampled rows ({c.touched} touched keys) against the recomputation, "
+                    f"{sum(r['success'] for r in check.expectations)}/{len(check.expectations)} expectations met"
+                    if c else ", no sampled recomputation (sample 0)")
+                 + (f": {check.problem}" if check.problem else "") + f" ({check.seconds:.2f} s)")
+        checks.append(check)
+    return checks

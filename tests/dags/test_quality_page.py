@@ -1,0 +1,170 @@
+"""The data-quality page (ivm.orchestration.quality, plugins/ivm_quality.py): served on loopback as the
+Airflow API server mounts it, it refuses anonymous requests and shows, to a signed-in user, each view's
+runs and the run whose validation failed; headless Chromium (Debian's chromium and chromium-driver,
+.ci/chromium.sh) renders the page with its chart and follows the link to the Data Docs."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from ivm.errors import ValidationError
+from ivm.orchestration.links import URL_PREFIX, quality_url
+from ivm.refresh import validate_stage
+from tests.conftest import write_project
+from tests.dags.test_dag_run import BIN, REPO, free_port
+from tests.spark.test_cream import lines
+from tests.spark.test_validate import TABLES, load_and_change, stage_up_to_validate, views
+
+CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory, spark):
+    """Validated refreshes (the load, the first changes), then a run whose validation of per_k failed
+    (injected errors). One project for the module: the tests only read it."""
+    from ivm import Project
+
+    root = tmp_path_factory.mktemp("quality")
+    path = write_project(root / "project", TABLES, views=views("fail"))
+    p = Project.open(str(path))
+    p.apply()
+    load_and_change(p, root)
+    p.refresh()
+    p.append("t", lines(root / "c2.jsonl", [("b", 7), ("e", 8)], "insert", cols=("k", "v")))
+    stage_up_to_validate(p, "bad-run")
+    with pytest.raises(ValidationError):
+        validate_stage(p, "bad-run")
+    p.catalog.finish_run("bad-run", "failed", "validate: view per_k: 3 rows differ")
+    yield p, str(path)
+    p.close()
+
+
+SERVE = """
+import sys
+import uvicorn
+from fastapi import FastAPI
+from airflow.api_fastapi.app import init_auth_manager
+from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+from ivm.orchestration.quality import create_app
+
+token = init_auth_manager().generate_jwt(SimpleAuthManagerUser(username="admin", role="admin"))
+open(sys.argv[3], "w").write(token)
+root = FastAPI()
+root.mount("/ivm", create_app(sys.argv[1]))  # as the API server mounts a plugin's app
+uvicorn.run(root, host="127.0.0.1", port=int(sys.argv[2]), log_level="warning")
+"""
+
+
+@pytest.fixture(scope="module")
+def server(project, tmp_path_factory):
+    """The plugin's app under /ivm, served on loopback by a process with its own Airflow home (the
+    token check reads Airflow's database), and a signed-in user's token from Airflow's configured auth
+    manager (the simple one by default)."""
+    tmp_path = tmp_path_factory.mktemp("server")
+    home = tmp_path / "airflow"
+    env = {**os.environ, "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__LOAD_EXAMPLES": "false",
+           "AIRFLOW__API_AUTH__JWT_SECRET": "ivm-test-" + "s" * 64,
+           "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
+           "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json")}
+    subprocess.run([str(BIN / "airflow"), "db", "migrate"], env=env, check=True, capture_output=True)
+    port = free_port()
+    log = open(tmp_path / "server.log", "w")
+    proc = subprocess.Popen([sys.executable, "-c", SERVE, project[1], str(port), str(tmp_path / "token")], env=env,
+                            stdout=log, stderr=log)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                httpx.get(base + "/ivm/quality", timeout=2)
+                break
+            except httpx.TransportError:
+                assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "server.log").read_text()
+                time.sleep(0.2)
+        yield base, (tmp_path / "token").read_text()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_anonymous_requests_are_refused(server):
+    base, token = server
+    for path in ["/ivm/quality", "/ivm/api/views", "/ivm/quality/chart/per_k.svg", "/ivm/docs/index.html"]:
+        assert httpx.get(base + path).status_code == 401, path
+        assert httpx.get(base + path, cookies={"_token": "not-a-token"}).status_code == 403, path
+    assert httpx.get(base + "/ivm/api/views", headers={"Authorization": f"Bearer {token}"}).status_code == 200
+
+
+def test_the_page_shows_runs_and_the_failed_validation(server, project):
+    base, token = server
+    p, _ = project
+    views = httpx.get(base + "/ivm/api/views", cookies={"_token": token}).json()
+    assert set(views) == {"per_k", "joined"}
+    runs = {r["run_id"]: r for r in views["per_k"]}
+    assert runs["bad-run"]["validation"]["status"] == "failed" and runs["bad-run"]["validation"]["mismatches"] == 3
+    passed = [r for r in views["per_k"] if r["validation"] and r["validation"]["status"] == "passed"]
+    assert passed and all(r["mode"] == "incremental" for r in passed)
+    # the validate task's extra link (its path under the API server) resolves to this run's detail
+    link = quality_url("bad-run")
+    assert link.endswith("/ivm/quality?run=bad-run")
+    page = httpx.get(base + link[link.index(URL_PREFIX):], cookies={"_token": token})
+    assert page.status_code == 200 and "Run bad-run" in page.text
+    assert "&#39;k&#39;: &#39;zz&#39;" in page.text and "count 1, recomputed 0" in page.text
+    svg = httpx.get(base + "/ivm/quality/chart/per_k.svg", cookies={"_token": token})
+    assert svg.headers["content-type"].startswith("image/svg+xml") and svg.text.startswith("<svg")
+
+
+@pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER) and not os.environ.get("CI"),
+                    reason="needs Debian's chromium and chromium-driver (.ci/chromium.sh installs them; CI runs it)")
+def test_headless_chromium_renders_the_page(server):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+
+    base, token = server
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ["--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"]:
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    try:
+        driver.get(base + "/ivm/quality")
+        assert "Not authenticated" in driver.page_source  # signed out: refused
+        driver.add_cookie({"name": "_token", "value": token, "path": "/"})  # what signing in to Airflow sets
+        driver.get(base + "/ivm/quality?run=bad-run")
+        assert driver.title == "ivm data quality: project"
+        failed = driver.find_element(By.CSS_SELECTOR, "#run tr.check[data-view='per_k'] td.failed")
+        assert failed.text == "failed"
+        mismatches = driver.find_element(By.CSS_SELECTOR, "#run ul.mismatches").text
+        assert "'zz'" in mismatches and "count 1, recomputed 0" in mismatches
+        rows = driver.find_elements(By.CSS_SELECTOR, "#view-per_k tr.run")
+        assert {r.get_attribute("data-run") for r in rows} >= {"bad-run"} and len(rows) >= 3
+        assert driver.find_elements(By.CSS_SELECTOR, "#view-per_k .chart svg")
+        driver.find_element(By.CSS_SELECTOR, "#run tr.check[data-view='per_k'] a").click()  # its Data Docs
+        assert "/ivm/docs/validations/" in driver.current_url and "Great Expectations" in driver.page_source
+    finally:
+        driver.quit()
+
+
+def test_the_plugin_mounts_the_app_and_adds_the_link():
+    spec = importlib.util.spec_from_file_location("ivm_quality", REPO / "plugins" / "ivm_quality.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    from airflow.plugins_manager import is_valid_plugin
+
+    plugin = module.IvmQualityPlugin
+    assert is_valid_plugin(plugin)
+    (app,) = plugin.fastapi_apps
+    assert app["url_prefix"] == "/ivm" and isinstance(app["app"], FastAPI)
+    assert {r.path for r in app["app"].routes} >= {"/quality", "/api/views", "/docs/{page:path}"}
+    assert plugin.external_views[0]["href"] == "/ivm/quality"
+    assert [link.name for link in plugin.operator_extra_links] == ["Data quality"]

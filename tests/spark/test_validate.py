@@ -1,0 +1,139 @@
+"""Validation by sampled recomputation (DESIGN.md §7, ivm.validate and ivm.expectations): a wrong row,
+a missing row and a wrong count injected into a staged view are each caught and named, the publish is
+blocked under ``fail`` and flagged under ``warn``; `ivm validate` checks published views; the key
+restriction reaches below the aggregate of the recomputation; Great Expectations' results and Data
+Docs are recorded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pyspark.sql import functions as F
+
+from ivm import Project
+from ivm.errors import ValidationError
+from ivm.maintain.recompute import Evaluator
+from ivm.refresh import begin, load_plan, maintain_stage, plan, publish_stage, trim_stage, validate_stage
+from ivm.validate import key_columns, key_sample
+from tests.spark.test_cream import lines
+from tests.spark.test_stages import corrupt
+
+TABLES = {"t": {"columns": {"k": "string", "v": "int"}}, "u": {"columns": {"k": "string", "w": "int"}}}
+
+
+def views(policy: str = "fail") -> dict:
+    check = {"sample": 1000, "policy": policy}
+    return {"per_k": {"sql": "SELECT k, count(*) AS n, sum(v) AS s FROM t GROUP BY k", "key": ["k"],
+                      "validate": {**check, "expectations": [
+                          {"type": "expect_column_values_to_be_between", "kwargs": {"column": "n", "min_value": 1}}]}},
+            "joined": {"sql": "SELECT t.k, t.v, u.w FROM t JOIN u ON t.k = u.k", "validate": check}}
+
+
+def setup(make_project, tmp_path, policy: str) -> Project:
+    p = make_project(TABLES, views=views(policy))
+    load_and_change(p, tmp_path)
+    return p
+
+
+def load_and_change(p: Project, folder: Path) -> None:
+    """Load t and u, refresh, and append a change to t."""
+    p.load("t", lines(folder / "t.jsonl", [("a", 1), ("a", 2), ("b", 3), ("c", 4)], cols=("k", "v")))
+    p.load("u", lines(folder / "u.jsonl", [("a", 10), ("b", 20)], cols=("k", "w")))
+    p.refresh()
+    p.append("t", lines(folder / "c1.jsonl", [("a", 5), ("d", 6)], "insert", cols=("k", "v")))
+
+
+def inject(p: Project, run_id: str) -> None:
+    """Into per_k's staged delta: a row the view does not have (zz), the removal of a row it has (c),
+    and a second copy of a row it has (b)."""
+    plan, _ = load_plan(p, run_id)
+    delta = next(w for w in plan.views if w.view == "per_k").layers["per_k"]
+    rows = p.read_zset("per_k").where(F.col("k").isin("b", "c"))
+    bad = rows.withColumn("__count", F.when(F.col("k") == "c", -1).otherwise(1).cast("long")).unionByName(
+        rows.limit(1).withColumn("k", F.lit("zz")))
+    bad.write.mode("append").parquet(delta.path)
+
+
+def stage_up_to_validate(p: Project, run_id: str) -> None:
+    begin(p, plan(p, run_id=run_id))
+    trim_stage(p, run_id)
+    maintain_stage(p, run_id)
+    inject(p, run_id)
+
+
+def test_injected_errors_are_caught_named_and_block_the_publish(make_project, tmp_path):
+    p = setup(make_project, tmp_path, "fail")
+    before = {v: p.catalog.state(v).version_id for v in ["t", "per_k", "joined"]}
+    run_id = "inject-fail"
+    stage_up_to_validate(p, run_id)
+    with pytest.raises(ValidationError) as e:
+        validate_stage(p, run_id)
+    message = str(e.value)
+    assert message.startswith("view per_k: 3 of ") and message.endswith(f"after run {run_id}; nothing was published")
+    assert "(k='c', n=1, s=4) has count 0, recomputed 1" in message  # the missing row
+    assert "(k='b', n=1, s=3) has count 2, recomputed 1" in message  # the wrong count
+    assert "(k='zz', n=1, s=" in message and "has count 1, recomputed 0" in message  # the wrong row
+    (check,) = p.catalog.validations(view="per_k", run_id=run_id)
+    assert (check.status, check.mismatches) == ("failed", 3)
+    assert {m["row"]["k"] for m in check.summary["mismatches"]} == {"zz", "c", "b"}
+    assert check.summary["keys"] == ["k"] and check.summary["touched"] == 5  # a, d (the run) and zz, b, c
+    outcomes = {r["expectation"]: r["success"] for r in check.summary["expectations"]}
+    assert outcomes == {"expect_column_pair_values_to_be_equal": False, "expect_column_values_to_be_between": True,
+                        "expect_column_values_to_not_be_null": True, "expect_column_values_to_be_unique": True}
+    assert Path(check.report_uri.removeprefix("file://")).is_file()  # its Data Docs page
+    (joined,) = p.catalog.validations(view="joined", run_id=run_id)
+    assert (joined.status, joined.mismatches) == ("passed", 0) and joined.sample_size > 0
+    with pytest.raises(ValidationError, match=f"run {run_id}: validation failed for per_k; nothing was published"):
+        publish_stage(p, run_id)
+    assert {v: p.catalog.state(v).version_id for v in before} == before
+
+
+def test_under_warn_the_run_publishes_and_is_flagged(make_project, tmp_path):
+    p = setup(make_project, tmp_path, "warn")
+    run_id = "inject-warn"
+    stage_up_to_validate(p, run_id)
+    problems = validate_stage(p, run_id)
+    assert list(problems) == ["per_k"] and problems["per_k"].startswith("3 of ")
+    assert publish_stage(p, run_id).status == "succeeded"
+    (check,) = p.catalog.validations(view="per_k", run_id=run_id)
+    assert check.status == "warned" and check.mismatches == 3
+    assert p.read_zset("per_k").where("k = 'zz'").count() == 1  # published as it was staged
+
+
+def test_ivm_validate_checks_published_views(make_project, tmp_path, capsys):
+    from ivm.cli import main
+
+    p = setup(make_project, tmp_path, "fail")
+    path = str(tmp_path / "project" / "ivm.yaml")
+    p.refresh()  # validated on the way: passes
+    assert {v.status for v in p.catalog.validations()} == {"passed"}
+    assert main(["validate", "--project", path]) == 0
+    assert "per_k   passed" in capsys.readouterr().out
+    corrupt(p, "joined", lambda df: df.withColumn("w", F.lit(99)))
+    assert main(["validate", "joined", "--sample", "5", "--project", path]) == 7
+    err = capsys.readouterr().err
+    assert err.startswith("ivm: error: view joined: 1 of ") and "w=99) has count 1, recomputed 0" in err
+    run = p.runs(1)[0]
+    assert (run.kind, run.status) == ("validate", "failed") and run.error.startswith("joined: 1 of ")
+    p.append("t", lines(tmp_path / "c2.jsonl", [("c", 1)], "insert", cols=("k", "v")))
+    p.refresh(["per_k"])  # joined has not absorbed t's new state: not checked
+    assert main(["validate", "joined", "--project", path]) == 0
+    assert "joined: not checked, it has not absorbed the published state of" in capsys.readouterr().out
+
+
+def test_the_key_restriction_reaches_below_the_aggregate(make_project, tmp_path):
+    """The sample's filter (the hash range and the touched keys' hashes) is pushed by Catalyst below the
+    GROUP BY to the scan of t, so the restricted recomputation aggregates only the sampled groups."""
+    p = setup(make_project, tmp_path, "fail")
+    program, strata = p.program
+    assert key_columns(program, "per_k", None) == ["k"]  # the GROUP BY column
+    assert key_columns(program, "joined", None) == ["k", "v", "w"]
+    full = Evaluator(program, strata, {t: p.read_zset(t) for t in TABLES})
+    ks = key_sample(["k"], 1, 100, p.spark.createDataFrame([("a",)], "k string"), 7)
+    plan = ks.restrict(full.relation("per_k"))
+    tree = plan._jdf.queryExecution().optimizedPlan().toString().splitlines()
+    aggregates = [i for i, line in enumerate(tree) if "Aggregate" in line]
+    hashed = [i for i, line in enumerate(tree) if "xxhash64" in line and "Filter" in line]
+    assert aggregates and hashed and min(hashed) > max(aggregates) and "Relation" in tree[min(hashed) + 1], tree
+    assert "a" in {r["k"] for r in plan.collect()}  # the touched key
