@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYSPARK := $(shell grep -E '^pyspark==' requirements.txt)
 
-.PHONY: venv demo test test-fast lint clean
+.PHONY: venv demo test test-fast lint bench clean
 
 venv: $(VENV)/.installed
 
@@ -22,6 +22,12 @@ demo: venv
 
 test: venv
 	$(BIN)/python -m pytest -q
+
+# benchmarks (tests/bench/run.py --help): TPC-H from tpchgen-cli at SF $(SF), a generated closure
+SF ?= 0.1
+bench: venv
+	$(BIN)/pip install --quiet tpchgen-cli==4.0.0
+	$(BIN)/python tests/bench/run.py --sf $(SF)
 
 lint: venv
 	$(BIN)/ruff check include tests dags jobs plugins

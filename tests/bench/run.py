@@ -1,0 +1,240 @@
+"""Incremental refresh against full recompute, side by side, in one warm Spark session (the benchmark
+issue). Not a test: figures are measured and reported, never asserted.
+
+    .venv/bin/python tests/bench/run.py [--sf 0.1] [--deltas 0.0001,0.001,0.01,0.1] [--edges 10000]
+                                        [--views q1,q3,q5,reach] [--out tests/bench/results]
+
+(`make bench` runs it at SF 0.1.) For each view a project of its own holds the tables it reads (so a
+refresh of one view never costs another's), loaded from TPC-H (``tpchgen-cli``) or the generated
+graph and materialized once. Then for each Δ (a fraction of the orders, or of the edges):
+
+    T_inc   append the change files, `refresh` (trim the logs, maintain the view, publish)
+    T_full  at the same snapshot, `backfill --full` (recompute the view and everything it stores, publish)
+    noop    a `refresh` with nothing new
+
+with the Spark jobs launched, the rows read (input records of their stages) and the bytes written
+(output bytes) of each, from Spark's status store. The validation stage is off (`validate.sample: 0`):
+it is measured on its own. The results go to ``<out>/results.md`` (with the machine's facts) and
+``<out>/results.png`` (time against Δ).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests" / "bench"))
+
+from workloads import (  # noqa: E402
+    CLOSURE_TABLES,
+    CLOSURE_VIEWS,
+    TPCH_TABLES,
+    TPCH_VIEWS,
+    EdgeChanges,
+    RefreshSets,
+    graph,
+    tables_read,
+    tpch,
+)
+
+
+@dataclass
+class Figure:
+    view: str
+    delta: float  # fraction
+    change: str  # RF1+RF2 | insert | delete | noop
+    mode: str  # incremental | full
+    changes: int  # rows in the change files
+    seconds: float
+    jobs: int
+    rows_read: int
+    bytes_written: int
+
+
+class SparkCounters:
+    """Jobs, input records and output bytes of what runs inside ``measure`` (a job group per measurement,
+    the stages' metrics from Spark's status store: the numbers its UI shows)."""
+
+    def __init__(self, spark):
+        self.sc = spark.sparkContext
+        self.n = 0
+
+    def measure(self, fn):
+        self.n += 1
+        group = f"bench-{self.n}"
+        self.sc.setJobGroup(group, group)
+        started = time.perf_counter()
+        try:
+            result = fn()
+        finally:
+            seconds = time.perf_counter() - started
+            self.sc.setLocalProperty("spark.jobGroup.id", None)
+        time.sleep(0.5)  # let the listener bus deliver the last stage metrics
+        jobs = list(self.sc.statusTracker().getJobIdsForGroup(group))
+        stages = {s for j in jobs if (info := self.sc.statusTracker().getJobInfo(j)) for s in info.stageIds}
+        rows = written = 0
+        gw = self.sc._gateway  # noqa: SLF001 - the status store has no Python API
+        data = self.sc._jsc.sc().statusStore().stageList(None, False, False, gw.new_array(gw.jvm.double, 0), None)
+        it = data.iterator()
+        while it.hasNext():
+            s = it.next()
+            if s.stageId() in stages:
+                rows += s.inputRecords()
+                written += s.outputBytes()
+        return result, seconds, len(jobs), rows, written
+
+
+def project_for(view: str, root: Path, sf: float, edges: int):
+    """A project holding ``view`` and the tables it reads, loaded and materialized."""
+    from ivm import Project
+
+    closure = view == "reach"
+    tables = CLOSURE_TABLES if closure else {t: TPCH_TABLES[t] for t in tables_read(view)}
+    tables = {name: {**spec, "references": {c: target for c, target in spec.get("references", {}).items()
+                                            if target.split(".")[0] in tables}} for name, spec in tables.items()}
+    sql = CLOSURE_VIEWS[view] if closure else TPCH_VIEWS[view]
+    folder = root / f"project-{view}"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "ivm.yaml").write_text(yaml.safe_dump({
+        "warehouse": "./warehouse", "spark": {"master": "local[2]", "conf": {"spark.sql.shuffle.partitions": "4"}},
+        "tables": tables, "views": {view: {"sql": sql, "validate": {"sample": 0}}}}, sort_keys=False))
+    project = Project.open(str(folder / "ivm.yaml"))
+    project.apply()
+    data = graph(edges, root) if closure else tpch(sf, root)
+    for t in tables:
+        project.load(t, str(data / f"{t}.parquet"))
+    project.refresh()
+    return project, data
+
+
+def run_view(view: str, args, root: Path, counters_for) -> list[Figure]:
+    project, data = project_for(view, root, args.sf, args.edges)
+    counters = counters_for(project.spark)
+    figures = []
+    changes_dir = root / f"changes-{view}"
+    if view == "reach":
+        changes = EdgeChanges(args.edges)
+        plan = [(d, kind) for d in args.deltas for kind in ("insert", "delete")]
+    else:
+        changes = RefreshSets(data)
+        plan = [(d, "RF1+RF2") for d in args.deltas]
+    for fraction, kind in plan:
+        files = changes.make(fraction, kind, changes_dir) if view == "reach" else changes.make(fraction, changes_dir)
+        n = 0
+        for table, path in files.items():
+            if table in project.config.tables:
+                n += project.append(table, str(path)).rows
+        _, *numbers = counters.measure(lambda: project.refresh([view], mode="incremental"))
+        figures.append(Figure(view, fraction, kind, "incremental", n, *numbers))
+        _, *numbers = counters.measure(lambda: project.backfill([view], full=True))
+        figures.append(Figure(view, fraction, kind, "full", n, *numbers))
+        print(f"{view} Δ={fraction:g} {kind}: incremental {figures[-2].seconds:.2f} s, full {figures[-1].seconds:.2f} s "
+              f"({n} changed rows)", flush=True)
+    _, *numbers = counters.measure(lambda: project.refresh([view]))
+    figures.append(Figure(view, 0.0, "noop", "incremental", 0, *numbers))
+    project.close()
+    return figures
+
+
+def machine() -> list[str]:
+    import pyspark
+
+    mem = ""
+    try:
+        kb = int(next(line for line in open("/proc/meminfo") if line.startswith("MemTotal")).split()[1])
+        mem = f", {kb / 1024 / 1024:.1f} GiB RAM"
+    except (OSError, StopIteration):
+        pass
+    return [f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC", f"{platform.node()}: {os.cpu_count()} cores{mem}, "
+            f"{platform.system()} {platform.release()}", f"Python {platform.python_version()}, "
+            f"PySpark {pyspark.__version__}, local[2], 4 shuffle partitions"]
+
+
+def report(figures: list[Figure], args, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    lines = ["# ivm benchmark: incremental refresh vs full recompute", "",
+             *[f"- {m}" for m in machine()],
+             f"- TPC-H SF {args.sf:g} (tpchgen-cli); closure over {args.edges} edges (chains of 10 nodes)",
+             "- one warm Spark session; validation off; each T is a whole `ivm refresh` / `ivm backfill --full` "
+             "(plan, trim, maintain or recompute, publish)", "",
+             "| view | Δ | kind | changed rows | T_inc s | T_full s | T_inc/T_full | jobs inc/full | "
+             "rows read inc/full | bytes written inc/full |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    by: dict[tuple, dict[str, Figure]] = {}
+    for f in figures:
+        by.setdefault((f.view, f.delta, f.change), {})[f.mode] = f
+    for (view, delta, kind), pair in by.items():
+        inc, full = pair["incremental"], pair.get("full")
+        if full is None:
+            lines.append(f"| {view} | — | no-op refresh | 0 | {inc.seconds:.2f} | | | {inc.jobs} | {inc.rows_read} | "
+                         f"{inc.bytes_written} |")
+            continue
+        lines.append(f"| {view} | {delta:.2%} | {kind} | {inc.changes} | {inc.seconds:.2f} | {full.seconds:.2f} | "
+                     f"{inc.seconds / full.seconds:.3f} | {inc.jobs}/{full.jobs} | {inc.rows_read}/{full.rows_read} | "
+                     f"{inc.bytes_written}/{full.bytes_written} |")
+    (out / "results.md").write_text("\n".join(lines) + "\n")
+    chart(by, out / "results.png")
+    print("\n".join(lines))
+
+
+def chart(by: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series: dict[str, dict[str, list[tuple[float, float]]]] = {}
+    for (view, delta, kind), pair in by.items():
+        if "full" not in pair:
+            continue
+        name = view if kind == "RF1+RF2" else f"{view} ({kind})"
+        for side, f in pair.items():
+            series.setdefault(name, {}).setdefault(side, []).append((delta, f.seconds))
+    fig, axes = plt.subplots(1, len(series), figsize=(4 * len(series), 3.2), squeeze=False)
+    for ax, (name, sides) in zip(axes[0], series.items(), strict=True):
+        for side, label, style in [("incremental", "T_inc", "o-"), ("full", "T_full", "s--")]:
+            pts = sorted(sides.get(side, []))
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label)
+        ax.set_xscale("log")
+        ax.set_title(name)
+        ax.set_xlabel("Δ (fraction)")
+        ax.set_ylabel("seconds")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sf", type=float, default=0.1, help="TPC-H scale factor (0.1 quick, 1 and 10 for figures)")
+    ap.add_argument("--deltas", default="0.0001,0.001,0.01,0.1",
+                    type=lambda s: [float(x) for x in s.split(",")], help="fractions of the orders / edges")
+    ap.add_argument("--edges", type=int, default=100_000, help="edges of the closure's graph")
+    ap.add_argument("--views", default="q1,q3,q5,reach", type=lambda s: s.split(","))
+    ap.add_argument("--work", default=str(REPO / ".bench"), help="data, projects and warehouses (reused data)")
+    ap.add_argument("--out", default=str(REPO / "tests" / "bench" / "results"))
+    args = ap.parse_args(argv)
+    root = Path(args.work)
+    root.mkdir(parents=True, exist_ok=True)
+    figures = []
+    for view in args.views:
+        for old in root.glob(f"project-{view}"):  # a fresh project per run; the generated data is kept
+            shutil.rmtree(old)
+        figures += run_view(view, args, root, SparkCounters)
+    report(figures, args, Path(args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
