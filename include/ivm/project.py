@@ -100,6 +100,11 @@ class Project:
         program, strata = self.program
         return counting.stored_relations(program, strata, self.groupby_states, view)
 
+    def base_tables(self, view: str) -> list[str]:
+        """The tables ``view`` reads, directly or through the views below it, sorted."""
+        program, strata = self.program
+        return sorted(u for u in strata.upstream(view) if program.predicates[u].kind == "base")
+
     @property
     def lease_timeout(self) -> timedelta:
         return timedelta(minutes=self.config.storage.lease_timeout_minutes)
@@ -258,11 +263,10 @@ class Project:
         unknown = [v for v in names if v not in self.config.views]
         if unknown:
             raise NotFoundError(f"unknown view {unknown[0]!r}")
-        program, strata = self.program
         watermarks = self.catalog.watermarks()
         states, read = [], set()
         for view in names:
-            tables = [u for u in strata.upstream(view) if program.predicates[u].kind == "base"]
+            tables = self.base_tables(view)
             state = self.catalog.state(view)
             behind = [t for t in tables if watermarks.get((view, t), 0) != watermarks.get((t, t), 0)]
             if state.version_id is None or behind:

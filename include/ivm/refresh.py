@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from pyspark.sql import functions as F
 
-from ivm.catalog.store import PublishChange, StageRecord, aware
+from ivm.catalog.store import LayerRef, PublishChange, StageRecord, aware
 from ivm.changes.ingest import read_log
 from ivm.changes.trim import trim
 from ivm.config import COUNT_COLUMN
@@ -158,11 +158,9 @@ def plan(project: Project, views: list[str] | None = None, mode: str = "auto", r
     snapshot = {name: catalog.last_commit_version(name) for name in project.config.tables}
     watermarks = catalog.watermarks()
     p = Plan(run_id or new_id("refresh-"), snapshot, mode=mode)
-    program, strata = project.program
     # a refresh of some views trims only the tables they read: the other tables' readers keep their
     # deltas for their own next refresh
-    read = {u for v in views for u in strata.upstream(v) if program.predicates[u].kind == "base"} \
-        if views else set(snapshot)
+    read = {t for v in views for t in project.base_tables(v)} if views else set(snapshot)
     for name, newest in snapshot.items():
         wm = watermarks.get((name, name), 0)
         if newest > wm and name in read:
@@ -201,7 +199,7 @@ def _plan_views(project: Project, p: Plan, wanted: list[str] | None, mode: str,
     full: set[str] = set()
     followed: set[str] = set()  # views whose rule change DRed follows, and the views above them
     for view in sorted(names, key=lambda v: (strata.stratum_of[v], v)):
-        upstream = sorted(u for u in strata.upstream(view) if program.predicates[u].kind == "base")
+        upstream = project.base_tables(view)
         state = project.catalog.state(view)
         d = defined.get(view)
         configured = project.config.views[view].mode
@@ -276,7 +274,7 @@ def plan_replay(project: Project, wanted: list[str], from_version: int, run_id: 
         raise ConfigError(f"--from-version {from_version}: commit versions start at 1")
     views = sorted({u for v in wanted for u in strata.upstream(v) if u in project.config.views} | set(wanted),
                    key=lambda v: (strata.stratum_of[v], v))
-    tables = sorted({u for v in views for u in strata.upstream(v) if program.predicates[u].kind == "base"})
+    tables = sorted({t for v in views for t in project.base_tables(v)})
     needed = [*tables, *(r for v in views for r in project.stored_relations(v))]
     before = [(run, versions) for run, versions in catalog.restore_points()
               if all(run.snapshot.get(t, 0) < from_version for t in tables)]
@@ -293,8 +291,7 @@ def plan_replay(project: Project, wanted: list[str], from_version: int, run_id: 
         if state is None:
             raise NotFoundError(f"cannot replay from commit version {from_version}: the state of {r} after run "
                                 f"{run.id} was garbage-collected (storage.retention_hours); use --full")
-        layers[r] = [{"id": x.id, "relation": r, "kind": x.kind, "path": x.path, "rows": x.rows, "bytes": x.bytes}
-                     for x in state.layers]
+        layers[r] = [_layer_json(x, r) for x in state.layers]
     watermarks = catalog.watermarks()
     restored = {t: int(run.snapshot.get(t, 0)) for t in tables}
     p = Plan(run_id or new_id("backfill-"), {t: watermarks.get((t, t), 0) for t in tables}, mode="replay",
@@ -305,7 +302,7 @@ def plan_replay(project: Project, wanted: list[str], from_version: int, run_id: 
     since = "; ".join(f"{t.table} {t.from_version + 1}..{t.to_version}" for t in p.tables) or "no changes since"
     full: set[str] = set()
     for view in views:
-        upstream = sorted(u for u in strata.upstream(view) if program.predicates[u].kind == "base")
+        upstream = project.base_tables(view)
         d = defined.get(view)
         created = catalog.version_state(view, versions[view]).created_at
         recomputed = sorted(full & strata.upstream(view))
@@ -404,8 +401,9 @@ def trim_table(project: Project, run_id: str, item: TableDelta) -> TableDelta:
 # -- the run's record: what each stage staged, so the next stage (another process) can go on ------------
 
 
-def _layer_json(layer: WrittenLayer) -> dict:
-    return {"id": layer.id, "relation": layer.relation, "kind": layer.kind, "path": layer.path,
+def _layer_json(layer: WrittenLayer | LayerRef, relation: str | None = None) -> dict:
+    """A layer as a run's record keeps it (a catalog LayerRef names no relation: ``relation`` does)."""
+    return {"id": layer.id, "relation": relation or layer.relation, "kind": layer.kind, "path": layer.path,
             "rows": layer.rows, "bytes": layer.bytes}
 
 
@@ -656,7 +654,6 @@ def validate_stage(project: Project, run_id: str, progress: Progress = lambda _:
     from ivm.validate import ViewState, check_views
 
     p, _ = load_plan(project, run_id)
-    program, strata = project.program
     states = []
     for work in p.views:
         if work.mode != "incremental":  # a full recompute is its own recomputation; a noop changed nothing
@@ -669,7 +666,7 @@ def validate_stage(project: Project, run_id: str, progress: Progress = lambda _:
     if not states:
         return {}
     deltas = {t.table: t.layer.path for t in p.tables if t.layer}
-    read = {u for st in states for u in strata.upstream(st.view) if program.predicates[u].kind == "base"}
+    read = {t for w in p.views if w.mode == "incremental" for t in w.upstream}
     tables = {t: old_paths(project, p, t) + ([deltas[t]] if t in deltas else []) for t in sorted(read)}
     checks = check_views(project, run_id, states, tables, sample, progress)
     for c in checks:
@@ -700,7 +697,6 @@ def publish_stage(project: Project, run_id: str, progress: Progress = lambda _: 
               if r.stage == "validate" and r.detail.get("outcome") == "failed"]
     if failed:
         raise ValidationError(f"run {run_id}: validation failed for {failed[0]}; nothing was published")
-    program, strata = project.program
     if p.replay:  # the tables are as published; every view's restored state, plus its delta, replaces it
         changes = [PublishChange(r, versions.get(r), [v.layers[r]] if r in v.layers else [], create=True,
                                  replace=v.mode == "full", base=None if v.mode == "full" else
@@ -719,7 +715,7 @@ def publish_stage(project: Project, run_id: str, progress: Progress = lambda _: 
     # the states later replays may start from: each relation whose watermarks are this run's snapshot
     consistent = {t: {(t, t): n} for t, n in p.snapshot.items()}
     for view in project.config.views:
-        tables = [u for u in strata.upstream(view) if program.predicates[u].kind == "base"]
+        tables = project.base_tables(view)
         if all(t in p.snapshot for t in tables):
             consistent |= dict.fromkeys(project.stored_relations(view), {(view, t): p.snapshot[t] for t in tables})
     status = "succeeded" if p.tables or p.views else "noop"
