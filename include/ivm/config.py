@@ -179,6 +179,16 @@ class AggregateConfig(_Model):
         return self
 
 
+class ReduceSettings(_Model):
+    """004's reducing algorithms for a view maintained with ``strategy: reduce``."""
+
+    #: NAIVE (Algorithm 1), RIE (2), RIC (3), REDUCE (4) or REDUCE+ (5: selections and projections early)
+    algorithm: Literal["NAIVE", "RIE", "RIC", "REDUCE", "REDUCE+"] = "REDUCE+"
+    #: several changed tuples at once (§6): MU1 (Algorithm 6) or MU2 (Algorithm 7: the inserted
+    #: candidates count as existing tuples for the deletions)
+    multiple_updates: Literal["MU1", "MU2"] = "MU2"
+
+
 class ViewConfig(_Model):
     """A view: SQL or Datalog (inline text or a file path) and its per-view options."""
 
@@ -190,7 +200,10 @@ class ViewConfig(_Model):
     #: samples by them (default: the GROUP BY columns, else all columns)
     key: list[str] | None = None
     mode: Literal["auto", "incremental", "full"] = "auto"
+    #: how a set-semantics projection view is maintained: counting (000, derivation counts), keyed (003's
+    #: derived rules) or reduce (004); unset: chosen per run by a cost model (ivm.maintain.strategy)
     strategy: Literal["counting", "keyed", "reduce"] | None = None
+    reduce: ReduceSettings = Field(default_factory=ReduceSettings)
     #: rounds a recursive fixpoint (evaluation or a DRed step) may take before the refresh fails
     max_iterations: int = Field(1000, ge=1)
     #: CReaM (001 §4): materialize an auxiliary view for each setof subgoal and for each GROUP BY with a

@@ -14,12 +14,13 @@ from tabulate import tabulate
 from ivm.analysis import analyse
 from ivm.config import ProjectConfig
 from ivm.ir import Literal, Program, SetOf
-from ivm.maintain import cream
+from ivm.maintain import cream, reduce
 from ivm.maintain.counting import groupby_subgoals, view_predicates
 from ivm.maintain.delta_rules import delta_rules
 from ivm.maintain.dred import dred_rules
 from ivm.maintain.groupby import describe
 from ivm.maintain.keyed import derived_rules
+from ivm.maintain.strategy import Choice
 from ivm.stratify import Component, Strata
 
 
@@ -50,6 +51,9 @@ class Explanation:
     auxiliary_views: list[dict]
     #: the tables an incremental refresh reads besides their deltas, and why; none: self-maintainable
     tables_read: dict[str, str]
+    #: counting, key-based (003) or REDUCE (004): the candidates, their estimated costs, the choice
+    #: (ivm.maintain.strategy; costs for a change of 0.1% of every table the view reads)
+    strategy: dict | None = None
 
     @property
     def self_maintainable(self) -> bool:
@@ -70,6 +74,14 @@ class Explanation:
             f"maintenance: {self.algorithm}",
             *[f"  - {r}" for r in self.reasons],
         ]
+        if self.strategy:
+            st = self.strategy
+            lines.append(f"strategy: {st['strategy']} ({st['reason']})")
+            table = tabulate([[c["strategy"], "yes" if c["applicable"] else "no",
+                               "-" if c["cost"] is None else f"{c['cost']:,.0f}", c["why"]]
+                              for c in st["candidates"]],
+                             headers=["candidate", "applies", "estimated cost", "why"], tablefmt="simple")
+            lines += ["  " + line for line in table.splitlines()]
         for a in self.auxiliary_views:
             lines += [f"CReaM rewrite (001 Figure 1) with the auxiliary view {a['name']}:",
                       f"  {a['auxiliary_view']}", f"  {a['view_rule']}", f"  maintained by {a['maintenance']}"]
@@ -109,7 +121,8 @@ class Explanation:
         return "\n".join(lines)
 
 
-def explain(program: Program, strata: Strata, config: ProjectConfig, view: str) -> Explanation:
+def explain(program: Program, strata: Strata, config: ProjectConfig, view: str,
+            choice: Choice | None = None) -> Explanation:
     pred = program.predicates[view]
     upstream = strata.upstream(view)
     own = sorted(p for p, d in program.predicates.items() if d.kind == "aux" and d.owner == view)
@@ -117,6 +130,8 @@ def explain(program: Program, strata: Strata, config: ProjectConfig, view: str) 
     component = next(c for c in strata.components if view in c.predicates)
     components = recursive_components(strata, view_predicates(program, strata, view))
     algorithm, reasons = choose(program, strata, config, view)
+    if choice is not None and choice.strategy != "counting" and config.views[view].mode != "full":
+        algorithm, reasons = _count_free(program, config, view, choice.strategy)
     return Explanation(
         view=view,
         language=config.views[view].language,
@@ -140,7 +155,40 @@ def explain(program: Program, strata: Strata, config: ProjectConfig, view: str) 
         auxiliary_views=cream.auxiliary_views(program, view),
         tables_read=cream.tables_read(program, view_predicates(program, strata, view),
                                       {p for c in components for p in c.predicates}),
+        strategy=choice.as_dict() if choice is not None else None,
     )
+
+
+def _count_free(program: Program, config: ProjectConfig, view: str, strategy: str) -> tuple[str, list[str]]:
+    """The algorithm and its steps for a view stored without counts."""
+    if strategy == "keyed":
+        return "key-based (003)", [
+            "the view is stored without counts; each refresh computes the tuples leaving it from the deleted "
+            "tuples (other tables at their old state) and the tuples entering it from the inserted ones (new "
+            "state), deletes before inserts, inserts only of tuples not in the view (003 §5.4, §9)",
+            "NOT EXISTS: insertions into the subquery's tables delete, deletions insert (003 §7.2); UNION: a "
+            "tuple leaves only if no other select expression produces it, INTERSECT: enters only if all do "
+            "(003 §8)",
+            "an operation the analysis below marks rematerialize recomputes the view when a run's delta holds "
+            "it (the rematerialization rule); its difference from the stored view is the delta"]
+    cfg = config.views[view].reduce
+    s = reduce.shape(program, view)
+    head = set(s.head_vars) if not isinstance(s, str) else set()
+    keyed = [a.pred for a in s.atoms if reduce.key_in_view(program, a, head)] if not isinstance(s, str) else []
+    out = [f"{cfg.algorithm} (004 Algorithm {reduce.ALGORITHMS.index(cfg.algorithm) + 1}) with "
+           f"{cfg.multiple_updates} ({'Algorithm 7' if cfg.multiple_updates == 'MU2' else 'Algorithm 6'}): per "
+           "changed table, the candidate relation V_C^i (what the changed tuples derive) and the existing relation "
+           "V_E^i (what the unchanged tuples agreeing with them on the view's columns derive) are joined table by "
+           "table; the target V_T leaves (deletion) or enters (insertion, §5) the view, stored without counts",
+           "a step whose candidate relation is empty ends the update before the remaining tables are read"]
+    if keyed and cfg.algorithm in ("REDUCE", "REDUCE+"):
+        out.append(f"Theorem 3: the view holds a key of {', '.join(keyed)}: no existing relation past that step; "
+                   "a deletion from it is looked up in the view")
+    if config.views[view].key and cfg.algorithm in ("REDUCE", "REDUCE+"):
+        out.append(f"Theorem 4: once Y_i holds the view's key ({', '.join(config.views[view].key)}) and no "
+                   "selection is left, a deletion's targets are read from the view and an insertion builds no "
+                   "further existing relation")
+    return f"REDUCE family (004): {cfg.algorithm}, {cfg.multiple_updates}", out
 
 
 def choose(program: Program, strata: Strata, config: ProjectConfig, view: str) -> tuple[str, list[str]]:

@@ -20,7 +20,7 @@ from ivm.config import ProjectConfig, TableConfig, load_project
 from ivm.errors import ConfigError, NotFoundError, one_line
 from ivm.ir import Program
 from ivm.lang import compile_project
-from ivm.maintain import counting
+from ivm.maintain import counting, strategy
 from ivm.maintain.groupby import GroupByState
 from ivm.maintain.recompute import Evaluator, as_used
 from ivm.spark import session
@@ -98,7 +98,23 @@ class Project:
     def stored_relations(self, view: str) -> list[str]:
         """Everything maintaining ``view`` stores: the view, its auxiliary predicates, GROUPBY states."""
         program, strata = self.program
+        if self.config.views.get(view) and self.config.views[view].strategy in strategy.COUNT_FREE:
+            return [view]  # key-based and reducing maintenance store the view alone, without counts
         return counting.stored_relations(program, strata, self.groupby_states, view)
+
+    def choose_strategy(self, view: str, changed: dict[str, float] | None = None,
+                        current: str | None = None) -> strategy.Choice:
+        """How ``view`` is maintained in a run whose tables changed by about ``changed`` rows each
+        (default: 0.1% of every table it reads), its state being stored as ``current`` (ivm.maintain.strategy)."""
+        program, strata = self.program
+        cfg = self.config.views[view]
+        sizes = {t: sum(x.rows or 0 for x in self.catalog.state(t).layers) for t in self.base_tables(view)}
+        if changed is None:
+            changed = {t: max(1.0, n / 1000) for t, n in sizes.items()}
+        try:
+            return strategy.choose(program, strata, view, cfg.strategy, cfg.key, sizes, changed, current)
+        except ValueError as e:
+            raise ConfigError(str(e)) from e
 
     def base_tables(self, view: str) -> list[str]:
         """The tables ``view`` reads, directly or through the views below it, sorted."""
@@ -180,6 +196,12 @@ class Project:
         """
         _ = self.program
         self._check_types()
+        for view, cfg in self.config.views.items():
+            if cfg.strategy is not None:  # a forced strategy must apply to the view
+                program, strata = self.program
+                why = next(c for c in strategy.applicability(program, strata, view) if c.strategy == cfg.strategy)
+                if not why.applicable:
+                    raise ConfigError(f"views.{view}: strategy {cfg.strategy} does not apply: {why.why}")
         self._check_validation()
         applied = self.catalog.table_defs()
         for name, table in self.config.tables.items():
@@ -273,7 +295,8 @@ class Project:
                 progress(f"validate: {view}: not checked, " + ("not materialized yet" if state.version_id is None
                          else f"it has not absorbed the published state of {behind[0]} (run `ivm refresh`)"))
                 continue
-            states.append(ViewState(view, [x.path for x in state.layers], sum(x.rows or 0 for x in state.layers)))
+            states.append(ViewState(view, [x.path for x in state.layers], sum(x.rows or 0 for x in state.layers),
+                                    form=state.form))
             read |= set(tables)
         if not states:
             return []
@@ -298,7 +321,9 @@ class Project:
         if view not in self.config.views:
             raise NotFoundError(f"unknown view {view!r}")
         program, strata = self.program
-        return explain.explain(program, strata, self.config, view)
+        state = self.catalog.state(view)
+        choice = self.choose_strategy(view, current=state.form if state.version_id is not None else None)
+        return explain.explain(program, strata, self.config, view, choice)
 
     def compact(self, relations: Iterable[str] | None = None, force: bool = False,
                 progress: Progress = lambda _: None) -> list[compaction.Compaction]:

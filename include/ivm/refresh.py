@@ -35,9 +35,11 @@ from ivm.changes.trim import trim
 from ivm.config import COUNT_COLUMN
 from ivm.errors import ConfigError, NotFoundError, RunError, ValidationError, one_line
 from ivm.lang import compile_project
+from ivm.maintain.count_free import CountFree
 from ivm.maintain.counting import Counting, RunStates, materialize, view_predicates
 from ivm.maintain.dred import RuleChange, rule_change
-from ivm.maintain.recompute import Evaluator
+from ivm.maintain.recompute import Evaluator, as_used
+from ivm.maintain.strategy import stored_form
 from ivm.storage import Scratch, WrittenLayer, new_id
 from ivm.zset import consolidate
 
@@ -93,6 +95,9 @@ class ViewWork:
     maintained: bool = False
     #: (mode, reason) as planned, before a maintain stage found it a noop (a retry starts from these)
     planned: tuple[str, str] | None = None
+    #: counting, keyed (003) or reduce (004), and the cost model's candidates (ivm.maintain.strategy)
+    strategy: str = "counting"
+    choice: dict | None = None
 
 
 @dataclass
@@ -194,6 +199,7 @@ def _plan_views(project: Project, p: Plan, wanted: list[str] | None, mode: str,
             raise NotFoundError(f"unknown view {unknown[0]!r}")
         names = sorted({u for v in wanted for u in strata.upstream(v) if u in project.config.views} | set(wanted))
     changed = {t.table for t in p.tables}
+    change_rows = {t.table: float(t.log_rows) for t in p.tables}
     defined = project.catalog.view_defs()
     work: list[ViewWork] = []
     full: set[str] = set()
@@ -224,6 +230,10 @@ def _plan_views(project: Project, p: Plan, wanted: list[str] | None, mode: str,
                       "by a run that did not refresh this view")
         elif recomputed:
             reason = f"reads {', '.join(recomputed)}, recomputed in this run"
+        choice = project.choose_strategy(view, change_rows, state.form if state.version_id is not None else None)
+        if reason is None and stored_form(choice.strategy) != state.form:
+            reason = (f"{choice.strategy} stores the view as {stored_form(choice.strategy)}, its state holds "
+                      f"{state.form} ({choice.reason})")
         recursive = algorithm(program, strata, view).startswith("DRed")
         change = _rule_change(project, view, d) if reason == "the definition changed" and recursive else None
         if isinstance(change, RuleChange):
@@ -245,9 +255,22 @@ def _plan_views(project: Project, p: Plan, wanted: list[str] | None, mode: str,
             why += [f"reads {v}, maintained across its changed definition" for v in sorted(followed & strata.upstream(view))]
             if followed & strata.upstream(view):
                 followed.add(view)
-            work.append(ViewWork(view, strata.stratum_of[view], "incremental",
-                                 f"{algorithm(program, strata, view)}: {'; '.join(why)}", upstream, inputs))
+            how = algorithm(program, strata, view) if choice.strategy == "counting" else \
+                describe_strategy(project, view, choice.strategy)
+            work.append(ViewWork(view, strata.stratum_of[view], "incremental", f"{how}: {'; '.join(why)}",
+                                 upstream, inputs))
+        else:
+            continue
+        work[-1].strategy, work[-1].choice = choice.strategy, choice.as_dict()
     return work
+
+
+def describe_strategy(project: Project, view: str, strategy: str) -> str:
+    """The count-free algorithm maintaining a view, as the run's reason names it."""
+    if strategy == "reduce":
+        cfg = project.config.views[view].reduce
+        return f"{cfg.algorithm} (004) with {cfg.multiple_updates}"
+    return "key-based (003 §5.4)"
 
 
 def plan_replay(project: Project, wanted: list[str], from_version: int, run_id: str | None = None) -> Plan:
@@ -304,22 +327,30 @@ def plan_replay(project: Project, wanted: list[str], from_version: int, run_id: 
     for view in views:
         upstream = project.base_tables(view)
         d = defined.get(view)
-        created = catalog.version_state(view, versions[view]).created_at
+        restored = catalog.version_state(view, versions[view])
         recomputed = sorted(full & strata.upstream(view))
+        choice = project.choose_strategy(view, {t.table: float(t.to_version - t.from_version) for t in p.tables},
+                                         restored.form)
         reason = None
         if project.config.views[view].mode == "full":
             reason = "the view is configured with mode: full"
-        elif d is not None and created is not None and aware(d.updated_at) > created:
+        elif d is not None and restored.created_at is not None and aware(d.updated_at) > restored.created_at:
             reason = f"the definition changed after run {run.id}"
         elif recomputed:
             reason = f"reads {', '.join(recomputed)}, recomputed in this run"
+        elif stored_form(choice.strategy) != restored.form:
+            reason = f"{choice.strategy} stores the view as {stored_form(choice.strategy)}, the restored state holds " \
+                     f"{restored.form}"
         if reason is not None:
             full.add(view)
             work = ViewWork(view, strata.stratum_of[view], "full", reason, upstream, sorted(changed & set(upstream)))
         else:
+            how = algorithm(program, strata, view) if choice.strategy == "counting" else \
+                describe_strategy(project, view, choice.strategy)
             work = ViewWork(view, strata.stratum_of[view], "incremental",
-                            f"{algorithm(program, strata, view)}: replay from the state after run {run.id} "
+                            f"{how}: replay from the state after run {run.id} "
                             f"(commit versions {since})", upstream, sorted(changed & set(upstream)))
+        work.strategy, work.choice = choice.strategy, choice.as_dict()
         p.views.append(work)
     return p
 
@@ -438,7 +469,8 @@ def begin(project: Project, p: Plan, kind: str = "refresh") -> None:
         "tables": [{"table": t.table, "from_version": t.from_version, "to_version": t.to_version,
                     "log_rows": t.log_rows} for t in p.tables],
         "views": [{"view": v.view, "stratum": v.stratum, "mode": v.mode, "reason": v.reason, "upstream": v.upstream,
-                   "changed_inputs": v.changed_inputs, "rule_change": v.rule_change is not None} for v in p.views]}))
+                   "changed_inputs": v.changed_inputs, "rule_change": v.rule_change is not None,
+                   "strategy": v.strategy, "choice": v.choice} for v in p.views]}))
 
 
 def load_plan(project: Project, run_id: str) -> tuple[Plan, dict[str, int | None]]:
@@ -461,7 +493,8 @@ def load_plan(project: Project, run_id: str) -> tuple[Plan, dict[str, int | None
     defined = project.catalog.view_defs()
     for v in d["views"]:
         work = ViewWork(v["view"], v["stratum"], v["mode"], v["reason"], v["upstream"], v["changed_inputs"],
-                        planned=(v["mode"], v["reason"]))
+                        planned=(v["mode"], v["reason"]), strategy=v.get("strategy", "counting"),
+                        choice=v.get("choice"))
         if v["rule_change"]:
             change = _rule_change(project, v["view"], defined.get(v["view"]))
             if not isinstance(change, RuleChange):
@@ -539,6 +572,7 @@ class _Maintenance:
                 self.states.delta_paths[t.table], self.states.delta_bytes[t.table] = t.layer.path, t.layer.bytes or 0
                 self.counting.note_delta(t.table, self.states.delta(t.table))
         self.full = Evaluator(program, strata, {}, scratch=scratch, limits=project.max_iterations)
+        self.count_free = CountFree(program, strata, self.counting)
         for work in p.views:  # what earlier stages staged: the views of lower strata
             if work.maintained:
                 self.absorb(work)
@@ -575,7 +609,19 @@ class _Maintenance:
             work.mode, work.reason = "noop", "the net deltas of its inputs are empty or cancel out"
             progress(f"maintain: {work.view}: nothing to do, {work.reason}")
             return
-        if work.mode == "incremental":
+        if work.mode == "incremental" and work.strategy != "counting":
+            outcome = self.count_free.maintain(work.view, work.strategy, project.config.views[work.view],
+                                               work.upstream)
+            delta = states.put_delta(work.view, outcome.delta) if outcome.delta is not None else None
+            if delta is not None:  # a set change already: the views above use it as it is
+                counting.used_delta[work.view] = delta
+            own = self.written.get(work.view)
+            work.rows_changed = work.rows = own.rows if own else 0
+            work.detail = dict(outcome.detail)
+            how = f"{work.reason.split(':')[0]}, {work.rows_changed} tuples changed" + (
+                f" ({', '.join(f'{k} {n}' for k, n in outcome.detail.items())})" if outcome.detail else "")
+            how += "".join(f"; {n}" for n in outcome.notes)
+        elif work.mode == "incremental":
             for pred in view_predicates(program, strata, work.view):
                 counting.maintain(pred)
             own = self.written.get(work.view)
@@ -593,6 +639,10 @@ class _Maintenance:
                 if program.predicates[name].kind != "aux":
                     full.relations[name] = consolidate(states.new(name))
             for name, df in materialize(full, project.groupby_states, work.view):
+                if work.strategy != "counting":
+                    if name != work.view:
+                        continue  # key-based and reducing maintenance store the view alone, each tuple once
+                    df = as_used(program.predicates[name], df)
                 layer = project.warehouse.write_layer(df, name, "base", cluster_by=project.cluster_columns(name),
                                                       run_id=self.plan.run_id)
                 self.written[name] = layer
@@ -635,6 +685,7 @@ def maintain_stage(project: Project, run_id: str, views: list[str] | None = None
             "maintain", work.view, mode=work.mode, rows_in=work.delta_in, rows_out=work.rows,
             delta_rows=work.rows_changed, seconds=round(work.seconds, 3), status="staged",
             detail={"stratum": work.stratum, "reason": work.reason, "relations": sorted(work.layers),
+                    "strategy": work.strategy, "choice": work.choice,
                     "layers": {n: _layer_json(x) for n, x in work.layers.items()}, "algorithm": work.detail,
                     **work.detail}))
     return todo
@@ -662,7 +713,7 @@ def validate_stage(project: Project, run_id: str, progress: Progress = lambda _:
         old = old_layers(project, p, work.view)
         states.append(ViewState(work.view, [path for path, _ in old] + ([delta.path] if delta else []),
                                 sum(rows for _, rows in old) + (delta.rows or 0 if delta else 0),
-                                delta.path if delta else None))
+                                delta.path if delta else None, stored_form(work.strategy)))
     if not states:
         return {}
     deltas = {t.table: t.layer.path for t in p.tables if t.layer}
@@ -700,13 +751,15 @@ def publish_stage(project: Project, run_id: str, progress: Progress = lambda _: 
     if p.replay:  # the tables are as published; every view's restored state, plus its delta, replaces it
         changes = [PublishChange(r, versions.get(r), [v.layers[r]] if r in v.layers else [], create=True,
                                  replace=v.mode == "full", base=None if v.mode == "full" else
-                                 [x["id"] for x in p.replay.layers[r]])
+                                 [x["id"] for x in p.replay.layers[r]], form=stored_form(v.strategy) if r == v.view
+                                 else None)
                    for v in p.views for r in project.stored_relations(v.view) if v.mode != "full" or r in v.layers]
         watermarks = {}
     else:
         changes = [PublishChange(t.table, versions[t.table], [t.layer]) for t in p.tables if t.layer]
         for v in p.views:
-            changes += [PublishChange(r, versions.get(r), [layer], replace=v.mode == "full", create=True)
+            changes += [PublishChange(r, versions.get(r), [layer], replace=v.mode == "full", create=True,
+                                      form=stored_form(v.strategy) if v.mode == "full" and r == v.view else None)
                         for r, layer in v.layers.items()]
             if v.rule_change is not None and v.view not in v.layers:  # the new definition holds, unchanged
                 changes.append(PublishChange(v.view, versions[v.view], []))

@@ -88,6 +88,9 @@ class Warehouse:
         elif info.type == pafs.FileType.File:
             self.fs.delete_file(self._fs_path(path))
 
+    def exists(self, path: str) -> bool:
+        return self.fs.get_file_info(self._fs_path(path)).type != pafs.FileType.NotFound
+
     def list_dirs(self, *parts: str) -> list[tuple[str, datetime | None]]:
         """(path, modification time) of the entries directly under a warehouse folder."""
         base = self.path(*parts)

@@ -183,6 +183,8 @@ class ViewState:
     paths: list[str]
     rows: int
     delta: str | None = None
+    #: "counts" (derivation counts, compared with the recomputation's) or "presence" (each tuple once)
+    form: str = "counts"
 
 
 @dataclass
@@ -234,7 +236,7 @@ def check_views(project: Project, run_id: str, states: list[ViewState], tables: 
     the catalog (ivm_validations) with the view's policy applied: failed, or warned under ``warn``.
     ``sample`` overrides the views' ``validate.sample``."""
     from ivm.expectations import run_suite
-    from ivm.maintain.recompute import Evaluator
+    from ivm.maintain.recompute import Evaluator, as_used
 
     program, strata = project.program
     scratch = Scratch(project.warehouse, project.spark, f"{run_id}/validate")
@@ -255,7 +257,10 @@ def check_views(project: Project, run_id: str, states: list[ViewState], tables: 
             keys = key_columns(program, st.view, config.key)
             touched = project.warehouse.read_layers(project.spark, [st.delta], schema) if st.delta else None
             ks = key_sample(keys, n, st.rows, touched, seed)
-            check.comparison = c = compare(staged, full.relation(st.view), st.view, ks, n)
+            expected = full.relation(st.view)
+            if st.form == "presence":  # stored without counts: each tuple once
+                expected = as_used(program.predicates[st.view], expected)
+            check.comparison = c = compare(staged, expected, st.view, ks, n)
             suite = run_suite(project.warehouse.uri, run_id, st.view, c.rows, list(schema.names), config.key,
                               [e.model_dump() for e in config.validate_.expectations])
             check.expectations, check.report_uri = suite.results, suite.report_uri

@@ -2,7 +2,7 @@
 issue). Not a test: figures are measured and reported, never asserted.
 
     .venv/bin/python tests/bench/run.py [--sf 0.1] [--deltas 0.0001,0.001,0.01,0.1] [--edges 10000]
-                                        [--views q1,q3,q5,reach] [--out tests/bench/results]
+                                        [--views q1,q3,q5,reach,nations@reduce,...] [--out tests/bench/results]
 
 (`make bench` runs it at SF 0.1.) For each view a project of its own holds the tables it reads (so a
 refresh of one view never costs another's), loaded from TPC-H (``tpchgen-cli``) or the generated
@@ -38,6 +38,7 @@ sys.path.insert(0, str(REPO / "tests" / "bench"))
 from workloads import (  # noqa: E402
     CLOSURE_TABLES,
     CLOSURE_VIEWS,
+    PROJECTION_VIEWS,
     TPCH_TABLES,
     TPCH_VIEWS,
     EdgeChanges,
@@ -59,6 +60,8 @@ class Figure:
     jobs: int
     rows_read: int
     bytes_written: int
+    shuffled: int = 0  # records written to shuffles: the intermediate rows the plans exchanged
+    detail: str = ""  # what the maintenance reported (REDUCE: candidate, existing, target rows)
 
 
 class SparkCounters:
@@ -82,7 +85,7 @@ class SparkCounters:
         time.sleep(0.5)  # let the listener bus deliver the last stage metrics
         jobs = list(self.sc.statusTracker().getJobIdsForGroup(group))
         stages = {s for j in jobs if (info := self.sc.statusTracker().getJobInfo(j)) for s in info.stageIds}
-        rows = written = 0
+        rows = written = shuffled = 0
         gw = self.sc._gateway  # noqa: SLF001 - the status store has no Python API
         data = self.sc._jsc.sc().statusStore().stageList(None, False, False, gw.new_array(gw.jvm.double, 0), None)
         it = data.iterator()
@@ -91,7 +94,8 @@ class SparkCounters:
             if s.stageId() in stages:
                 rows += s.inputRecords()
                 written += s.outputBytes()
-        return result, seconds, len(jobs), rows, written
+                shuffled += s.shuffleWriteRecords()
+        return result, seconds, len(jobs), rows, written, shuffled
 
 
 def project_for(view: str, root: Path, sf: float, edges: int):
@@ -102,12 +106,14 @@ def project_for(view: str, root: Path, sf: float, edges: int):
     tables = CLOSURE_TABLES if closure else {t: TPCH_TABLES[t] for t in tables_read(view)}
     tables = {name: {**spec, "references": {c: target for c, target in spec.get("references", {}).items()
                                             if target.split(".")[0] in tables}} for name, spec in tables.items()}
-    sql = CLOSURE_VIEWS[view] if closure else TPCH_VIEWS[view]
-    folder = root / f"project-{view}"
+    name, _, strategy = view.partition("@")  # e.g. nations@reduce: the view under one strategy
+    sql = CLOSURE_VIEWS[view] if closure else {**TPCH_VIEWS, **PROJECTION_VIEWS}[name]
+    spec = {"sql": sql, "validate": {"sample": 0}, **({"strategy": strategy} if strategy else {})}
+    folder = root / f"project-{view.replace('@', '-')}"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "ivm.yaml").write_text(yaml.safe_dump({
         "warehouse": "./warehouse", "spark": {"master": "local[2]", "conf": {"spark.sql.shuffle.partitions": "4"}},
-        "tables": tables, "views": {view: {"sql": sql, "validate": {"sample": 0}}}}, sort_keys=False))
+        "tables": tables, "views": {name: spec}}, sort_keys=False))
     project = Project.open(str(folder / "ivm.yaml"))
     project.apply()
     data = graph(edges, root) if closure else tpch(sf, root)
@@ -128,19 +134,21 @@ def run_view(view: str, args, root: Path, counters_for) -> list[Figure]:
     else:
         changes = RefreshSets(data)
         plan = [(d, "RF1+RF2") for d in args.deltas]
+    name = view.split("@")[0]
     for fraction, kind in plan:
         files = changes.make(fraction, kind, changes_dir) if view == "reach" else changes.make(fraction, changes_dir)
         n = 0
         for table, path in files.items():
             if table in project.config.tables:
                 n += project.append(table, str(path)).rows
-        _, *numbers = counters.measure(lambda: project.refresh([view], mode="incremental"))
-        figures.append(Figure(view, fraction, kind, "incremental", n, *numbers))
-        _, *numbers = counters.measure(lambda: project.backfill([view], full=True))
+        result, *numbers = counters.measure(lambda: project.refresh([name], mode="incremental"))
+        detail = ", ".join(f"{k} {v}" for w in result.views for k, v in w.detail.items())
+        figures.append(Figure(view, fraction, kind, "incremental", n, *numbers, detail=detail))
+        _, *numbers = counters.measure(lambda: project.backfill([name], full=True))
         figures.append(Figure(view, fraction, kind, "full", n, *numbers))
         print(f"{view} Δ={fraction:g} {kind}: incremental {figures[-2].seconds:.2f} s, full {figures[-1].seconds:.2f} s "
               f"({n} changed rows)", flush=True)
-    _, *numbers = counters.measure(lambda: project.refresh([view]))
+    _, *numbers = counters.measure(lambda: project.refresh([name]))
     figures.append(Figure(view, 0.0, "noop", "incremental", 0, *numbers))
     project.close()
     return figures
@@ -182,6 +190,19 @@ def report(figures: list[Figure], args, out: Path) -> None:
         lines.append(f"| {view} | {delta:.2%} | {kind} | {inc.changes} | {inc.seconds:.2f} | {full.seconds:.2f} | "
                      f"{inc.seconds / full.seconds:.3f} | {inc.jobs}/{full.jobs} | {inc.rows_read}/{full.rows_read} | "
                      f"{inc.bytes_written}/{full.bytes_written} |")
+    projections = [(key, pair) for key, pair in by.items() if "@" in key[0] and "full" in pair]
+    if projections:
+        lines += ["", "## Set-semantics projections: counting vs REDUCE (004)", "",
+                  "Intermediate rows: records the refresh's plans wrote to shuffles (both strategies); REDUCE also "
+                  "reports the rows of its candidate and existing relations (all steps) and of its targets.", "",
+                  "| view | strategy | Δ | T_inc s | T_full s | T_inc/T_full | jobs | shuffled rows | rows read | "
+                  "REDUCE relations |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for (view, delta, _), pair in sorted(projections, key=lambda x: (x[0][0].split("@")[0], x[0][1], x[0][0])):
+            inc, full = pair["incremental"], pair["full"]
+            name, strategy = view.split("@")
+            lines.append(f"| {name} | {strategy} | {delta:.2%} | {inc.seconds:.2f} | {full.seconds:.2f} | "
+                         f"{inc.seconds / full.seconds:.3f} | {inc.jobs} | {inc.shuffled} | {inc.rows_read} | "
+                         f"{inc.detail or '—'} |")
     (out / "results.md").write_text("\n".join(lines) + "\n")
     chart(by, out / "results.png")
     print("\n".join(lines))
@@ -221,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--deltas", default="0.0001,0.001,0.01,0.1",
                     type=lambda s: [float(x) for x in s.split(",")], help="fractions of the orders / edges")
     ap.add_argument("--edges", type=int, default=100_000, help="edges of the closure's graph")
-    ap.add_argument("--views", default="q1,q3,q5,reach", type=lambda s: s.split(","))
+    ap.add_argument("--views", default="q1,q3,q5,reach,nations@counting,nations@reduce,order_nations@counting,order_nations@reduce", type=lambda s: s.split(","))
     ap.add_argument("--work", default=str(REPO / ".bench"), help="data, projects and warehouses (reused data)")
     ap.add_argument("--out", default=str(REPO / "tests" / "bench" / "results"))
     args = ap.parse_args(argv)

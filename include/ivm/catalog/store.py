@@ -78,6 +78,8 @@ class RelationState:
     version: int
     layers: tuple[LayerRef, ...] = ()
     created_at: datetime | None = None
+    #: "counts" or "presence" (RelationVersion.form)
+    form: str = "counts"
 
     @property
     def base(self) -> LayerRef | None:
@@ -113,6 +115,8 @@ class PublishChange:
     #: the layers (ids) of an earlier version to put before ``layers`` instead of the current version's:
     #: a replay publishes the restored state plus its delta
     base: Sequence[str] | None = None
+    #: how the new version stores the view ("counts" / "presence"); None: as the previous version
+    form: str | None = None
 
 
 @dataclass
@@ -232,7 +236,7 @@ class Catalog:
             return None
         return RelationState(name, version.id, version.version, tuple(
             LayerRef(layer.id, layer.kind, layer.path, layer.rows, layer.bytes) for layer in version.layers),
-            aware(version.created_at))
+            aware(version.created_at), version.form or "counts")
 
     # -- change logs ---------------------------------------------------------------------------------
 
@@ -448,7 +452,9 @@ class Catalog:
                     s.add(Layer(id=w.id, relation=w.relation, kind=w.kind, path=w.path, rows=w.rows,
                                 bytes=w.bytes, run_id=run_id, created_at=now))
                 number = (previous.version if previous else 0) + 1
-                version = RelationVersion(relation=change.relation, version=number, run_id=run_id, created_at=now)
+                form = change.form or (previous.form if previous is not None else None)
+                version = RelationVersion(relation=change.relation, version=number, run_id=run_id, created_at=now,
+                                          form=form)
                 for pos, layer_id in enumerate([*kept, *(w.id for w in change.layers)]):
                     version.entries.append(VersionLayer(position=pos, layer_id=layer_id))
                 s.add(version)

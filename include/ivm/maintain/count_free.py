@@ -1,0 +1,101 @@
+"""A run's maintenance of a view stored without counts (each tuple once): key-based (003) or one of
+the reducing algorithms (004), over the same run states counting uses (ivm.maintain.counting).
+
+The tables' net deltas become set changes (+1 a tuple that appeared, -1 one that disappeared; a keyed
+table's net delta is one already); the view's change is written as its delta layer, ±1 per tuple,
+and is what the views above it see."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from ivm.config import COUNT_COLUMN, ViewConfig
+from ivm.ir import Program
+from ivm.maintain import reduce
+from ivm.maintain.counting import Counting, presence_change
+from ivm.maintain.keyed import KeyBased
+from ivm.maintain.recompute import Evaluator
+from ivm.stratify import Strata
+from ivm.zset import consolidate
+
+log = logging.getLogger(__name__)
+C = COUNT_COLUMN
+
+
+@dataclass
+class Outcome:
+    delta: DataFrame | None
+    detail: dict[str, int] = field(default_factory=dict)
+    #: what the algorithm did, in words (rematerialization and its reason, shortcuts taken)
+    notes: list[str] = field(default_factory=list)
+    traces: list[reduce.UpdateTrace] = field(default_factory=list)
+
+
+class CountFree:
+    def __init__(self, program: Program, strata: Strata, counting: Counting):
+        self.program, self.strata, self.counting = program, strata, counting
+        self.states = counting.states
+        self._set_changes: dict[str, DataFrame | None] = {}
+
+    def set_change(self, table: str) -> DataFrame | None:
+        """The table's change as a set (a bag table's count changes that keep a tuple present drop out)."""
+        if table not in self._set_changes:
+            delta = self.counting.used_delta.get(table)
+            p = self.program.predicates[table]
+            if delta is not None and p.semantics != "set":
+                path, rows, _ = self.states.scratch.put(
+                    f"{table}__set_change", presence_change(self.states.old(table), delta, list(p.columns)))
+                delta = self.states.read(table, [path]) if rows else None
+            self._set_changes[table] = delta
+        return self._set_changes[table]
+
+    def relation(self, pred: str, state: str) -> DataFrame:
+        """A table at its old or new state as the rules use it (a keyed table consolidated)."""
+        return self.counting.used(pred, state)
+
+    def evaluator(self, state: str) -> Evaluator:
+        tables = [p for p, d in self.program.predicates.items() if d.kind == "base"]
+        return Evaluator(self.program, self.strata, {t: self.relation(t, state) for t in tables},
+                         scratch=self.states.scratch)
+
+    def maintain(self, view: str, strategy: str, config: ViewConfig, tables: list[str]) -> Outcome:
+        changed = [t for t in tables if self.set_change(t) is not None]
+        if not changed:
+            return Outcome(None, notes=["the tables' changes leave their sets unchanged"])
+        old_view = self.states.old(view)
+        if strategy == "reduce":
+            s = reduce.shape(self.program, view)
+            assert not isinstance(s, str), s
+            r = reduce.Reducer(self.program, s, config.reduce.algorithm, config.reduce.multiple_updates, config.key,
+                               self.relation, lambda t: self.set_change(t) if t in changed else None,
+                               old_view, self.states.scratch, self.evaluator("old"))
+            delta = r.run()
+            steps = [st for t in r.traces for st in t.steps]
+            detail = {"candidate rows": sum(st.candidate or 0 for st in steps),
+                      "existing rows": sum(st.existing or 0 for st in steps),
+                      "target rows": sum(t.target for t in r.traces), "join steps": len(steps)}
+            notes = [f"{t.table} {t.kind}: {t.shortcut}" for t in r.traces if t.shortcut]
+            return Outcome(delta, detail, notes, r.traces)
+        kb = KeyBased(self.program, view, lambda t: self.set_change(t) if t in changed else None, old_view,
+                      self.evaluator("old"), self.evaluator("new"))
+        present = {t: self._operations(t) for t in changed}
+        unsafe = kb.unsafe(present)
+        if unsafe:
+            # 003 §5.4's rematerialization rule: the view recomputed; its change against V is the delta
+            log.info("%s: rematerializing (003 §5.4): %s", view, "; ".join(unsafe))
+            new = consolidate(self.evaluator("new").relation(view)).where(F.col(C) > 0).select(
+                *[F.col(f"`{c}`") for c in self.program.predicates[view].columns], F.lit(1).cast("long").alias(C))
+            old = consolidate(old_view).where(F.col(C) > 0).withColumn(C, F.lit(-1).cast("long"))
+            return Outcome(consolidate(new.unionByName(old)), {"rematerialized": 1},
+                           [f"rematerialized: {'; '.join(unsafe)}"])
+        return Outcome(kb.run(changed), {"rematerialized": 0})
+
+    def _operations(self, table: str) -> set[str]:
+        """Which operations a table's set change holds (one small job)."""
+        row = self.set_change(table).agg(F.max((F.col(C) > 0).cast("int")).alias("i"),
+                                         F.max((F.col(C) < 0).cast("int")).alias("d")).first()
+        return {op for op, flag in (("insert", row["i"]), ("delete", row["d"])) if flag}
