@@ -109,7 +109,8 @@ class Project:
         program, strata = self.program
         cfg = self.config.views[view]
         sizes = {t: sum(x.rows or 0 for x in self.catalog.state(t).layers) for t in self.base_tables(view)}
-        if changed is None:
+        if changed is None or not any(changed.get(t) for t in sizes):
+            # no change to go by (`ivm explain`, a first materialization): 0.1% of every table
             changed = {t: max(1.0, n / 1000) for t, n in sizes.items()}
         try:
             return strategy.choose(program, strata, view, cfg.strategy, cfg.key, sizes, changed, current)

@@ -178,9 +178,7 @@ class Evaluator:
         subgoal, absent = subgoal or self.subgoal, absent or self.absent
         df: DataFrame | None = None
         joined: set[int] = set()
-        order = list(range(len(rule.body)))
-        if first is not None:
-            order = [first] + [i for i in order if i != first]
+        order = join_order(rule.body, first)
         # set operators compare whole tuples with NULLs equal: the rule's joins are all null-safe then,
         # whichever side the joins start from
         null_safe = any(isinstance(i, Literal) and i.null_safe for i in rule.body)
@@ -219,6 +217,28 @@ class Evaluator:
     def _unit(self) -> DataFrame:
         any_rel = next(iter(self.relations.values()))
         return any_rel.sparkSession.range(1).select(F.lit(1).cast("long").alias(C))
+
+
+def join_order(body: tuple[BodyItem, ...], first: int | None = None) -> list[int]:
+    """The order a rule's subgoals are joined in: ``first`` (a delta rule's Δ subgoal; else the first
+    subgoal), then each next subgoal that shares a variable with those joined (in body order among
+    them), so a join is a cross product only where the rule is one; the other body items after them.
+    Spark does not reorder these joins itself: the projections between them hide the join graph."""
+    def variables(item) -> set[str]:
+        return item.atom.variables() if isinstance(item, Literal) else item.variables()
+
+    joinable = [i for i, x in enumerate(body)
+                if isinstance(x, GroupBy | SetOf) or (isinstance(x, Literal) and (not x.negated or i == first))]
+    if not joinable:
+        return list(range(len(body)))
+    start = first if first is not None else joinable[0]
+    order, bound, rest = [start], variables(body[start]), [i for i in joinable if i != start]
+    while rest:
+        nxt = next((i for i in rest if variables(body[i]) & bound), rest[0])
+        order.append(nxt)
+        rest.remove(nxt)
+        bound |= variables(body[nxt])
+    return order + [i for i in range(len(body)) if i not in order]
 
 
 def _equal(a, b, null_safe: bool):

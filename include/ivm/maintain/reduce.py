@@ -39,6 +39,7 @@ from pyspark.sql import functions as F
 
 from ivm.config import COUNT_COLUMN
 from ivm.ir import Atom, Condition, Const, Literal, Program, Rule, Var
+from ivm.maintain import recompute
 from ivm.maintain.counting import presence_change
 from ivm.maintain.recompute import Evaluator, _join
 from ivm.storage import Scratch
@@ -107,14 +108,7 @@ def key_in_view(program: Program, atom: Atom, head_vars: set[str]) -> list[str] 
 def join_order(s: Shape, first: int) -> list[int]:
     """R_1 = the updated reference, then each next reference sharing a variable with those joined (in
     body order among them), so every step is a join, not a product, where the view allows."""
-    order, bound = [first], set(s.atoms[first].variables())
-    rest = [i for i in range(len(s.atoms)) if i != first]
-    while rest:
-        nxt = next((i for i in rest if s.atoms[i].variables() & bound), rest[0])
-        order.append(nxt)
-        rest.remove(nxt)
-        bound |= s.atoms[nxt].variables()
-    return order
+    return recompute.join_order(tuple(Literal(a) for a in s.atoms), first)
 
 
 @dataclass
