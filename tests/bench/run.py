@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     root.mkdir(parents=True, exist_ok=True)
     figures = []
     for view in args.views:
-        for old in root.glob(f"project-{view}"):  # a fresh project per run; the generated data is kept
+        for old in root.glob(f"project-{view.replace('@', '-')}"):  # a fresh project per run; the generated data is kept
             shutil.rmtree(old)
         figures += run_view(view, args, root, SparkCounters)
     report(figures, args, Path(args.out))
