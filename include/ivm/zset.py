@@ -67,3 +67,10 @@ def expand(df: DataFrame) -> DataFrame:
     return (df.where(F.col(COUNT_COLUMN) > 0)
               .withColumn("__n", F.explode(F.sequence(F.lit(1), F.col(COUNT_COLUMN).cast("int"))))
               .select(*[F.col(f"`{c}`") for c in cols]))
+
+
+def change_sizes(df: DataFrame) -> tuple[int, int]:
+    """(tuples with a positive count, tuples with a negative count) of a Z-set: one small job."""
+    row = df.agg(F.sum((F.col(COUNT_COLUMN) > 0).cast("long")).alias("i"),
+                 F.sum((F.col(COUNT_COLUMN) < 0).cast("long")).alias("d")).first()
+    return row["i"] or 0, row["d"] or 0

@@ -20,7 +20,7 @@ from ivm.maintain.counting import Counting, presence_change
 from ivm.maintain.keyed import KeyBased
 from ivm.maintain.recompute import Evaluator
 from ivm.stratify import Strata
-from ivm.zset import consolidate
+from ivm.zset import change_sizes, consolidate
 
 log = logging.getLogger(__name__)
 C = COUNT_COLUMN
@@ -96,6 +96,5 @@ class CountFree:
 
     def _operations(self, table: str) -> set[str]:
         """Which operations a table's set change holds (one small job)."""
-        row = self.set_change(table).agg(F.max((F.col(C) > 0).cast("int")).alias("i"),
-                                         F.max((F.col(C) < 0).cast("int")).alias("d")).first()
-        return {op for op, flag in (("insert", row["i"]), ("delete", row["d"])) if flag}
+        inserted, deleted = change_sizes(self.set_change(table))
+        return {op for op, n in (("insert", inserted), ("delete", deleted)) if n}

@@ -43,7 +43,7 @@ from ivm.maintain import recompute
 from ivm.maintain.counting import presence_change
 from ivm.maintain.recompute import Evaluator, _join
 from ivm.storage import Scratch
-from ivm.zset import anti_join, consolidate, restrict, union_all
+from ivm.zset import anti_join, change_sizes, consolidate, restrict, union_all
 
 log = logging.getLogger(__name__)
 C = COUNT_COLUMN
@@ -235,15 +235,14 @@ class Reducer:
         rel = {j: self.ev.atom(a, self.relation(a.pred, state(j))) for j, a in enumerate(self.s.atoms) if j != k}
         own_old = self.ev.atom(atom, self.relation(atom.pred, "old"))
         changed = self.ev.atom(atom, change)
-        sizes = changed.agg(F.sum((F.col(C) > 0).cast("long")).alias("i"),
-                            F.sum((F.col(C) < 0).cast("long")).alias("d")).first()  # |S_I|, |S_D|: one job
+        n_inserted, n_deleted = change_sizes(changed)  # |S_I|, |S_D|
         s_i = changed.where(F.col(C) > 0)
         s_d = changed.where(F.col(C) < 0).withColumn(C, -F.col(C))
         # R_1 − S_D, the existing side of both (Definition 5), restricted per chain before it is settled
         unchanged = (own_old, s_d)
         order = join_order(self.s, k)
-        ins = _Chain(self, atom.pred, "insertion", order, rel, s_i, unchanged, sizes["i"] or 0)
-        dele = _Chain(self, atom.pred, "deletion", order, rel, s_d, unchanged, sizes["d"] or 0)
+        ins = _Chain(self, atom.pred, "insertion", order, rel, s_i, unchanged, n_inserted)
+        dele = _Chain(self, atom.pred, "deletion", order, rel, s_d, unchanged, n_deleted)
         for i in range(len(order)):
             ins.step(i)
             # MU2 (Algorithm 7): the insertion candidates are existing tuples for the deletions
