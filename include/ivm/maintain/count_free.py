@@ -17,6 +17,7 @@ from ivm.config import COUNT_COLUMN, ViewConfig
 from ivm.ir import Program
 from ivm.maintain import reduce
 from ivm.maintain.counting import Counting, presence_change
+from ivm.maintain.fixpoint import as_set
 from ivm.maintain.keyed import KeyBased
 from ivm.maintain.recompute import Evaluator
 from ivm.stratify import Strata
@@ -87,9 +88,9 @@ class CountFree:
         if unsafe:
             # 003 §5.4's rematerialization rule: the view recomputed; its change against V is the delta
             log.info("%s: rematerializing (003 §5.4): %s", view, "; ".join(unsafe))
-            new = consolidate(self.evaluator("new").relation(view)).where(F.col(C) > 0).select(
-                *[F.col(f"`{c}`") for c in self.program.predicates[view].columns], F.lit(1).cast("long").alias(C))
-            old = consolidate(old_view).where(F.col(C) > 0).withColumn(C, F.lit(-1).cast("long"))
+            columns = list(self.program.predicates[view].columns)
+            new = as_set(self.evaluator("new").relation(view), columns)
+            old = as_set(old_view, columns).withColumn(C, F.lit(-1).cast("long"))
             return Outcome(consolidate(new.unionByName(old)), {"rematerialized": 1},
                            [f"rematerialized: {'; '.join(unsafe)}"])
         return Outcome(kb.run(changed), {"rematerialized": 0})

@@ -25,6 +25,7 @@ from ivm.config import COUNT_COLUMN
 from ivm.ir import Atom, Condition, Const, Literal, Program, Rule, Var
 from ivm.maintain.counting import presence_change
 from ivm.maintain.delta_rules import rule_sql
+from ivm.maintain.fixpoint import as_set
 from ivm.zset import anti_join, consolidate, restrict, union_all
 
 C = COUNT_COLUMN
@@ -244,8 +245,7 @@ class KeyBased:
         out = ev.rule(Rule(rule.head, body), subgoal, absent, first=first)
         # layers are joined as they are (joins distribute over ⊎): a tuple is derived if its summed count is positive
         head = self.program.predicates[rule.head.pred].columns
-        return consolidate(out.select(*[F.col(f"`{c}`") for c in head], F.col(C))) \
-            .where(F.col(C) > 0).withColumn(C, F.lit(1).cast("long"))
+        return as_set(out.select(*[F.col(f"`{c}`") for c in head], F.col(C)), head)
 
     def changes_of(self, rule: Rule, table: str) -> tuple[list[DataFrame], list[DataFrame]]:
         """(D, I) of one select expression for the changes of one table (003 §5.4, §6.2, §7.2)."""

@@ -41,6 +41,7 @@ from ivm.config import COUNT_COLUMN
 from ivm.ir import Atom, Condition, Const, Literal, Program, Rule, Var
 from ivm.maintain import recompute
 from ivm.maintain.counting import presence_change
+from ivm.maintain.fixpoint import as_set
 from ivm.maintain.recompute import Evaluator, _join
 from ivm.storage import Scratch
 from ivm.zset import anti_join, change_sizes, consolidate, restrict, union_all
@@ -198,7 +199,7 @@ class Reducer:
         return df
 
     def _settle(self, df: DataFrame) -> DataFrame:
-        return consolidate(df).where(F.col(C) > 0).withColumn(C, F.lit(1).cast("long"))
+        return as_set(df, self._vars(df))
 
     def _project(self, df: DataFrame, keep: set[str]) -> DataFrame:
         cols = [c for c in self._vars(df) if c in keep]
