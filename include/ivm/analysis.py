@@ -201,7 +201,8 @@ def _select_expressions(program: Program, pred: str) -> list[Rule] | str:
     for rule in program.rules_for(pred):
         if any(isinstance(i, GroupBy | SetOf) for i in rule.body):
             return "the view aggregates; 003's rules cover select-project-join views (counting maintains aggregates)"
-        if any(isinstance(i, Unnest) for i in rule.body):
+        if any(isinstance(i, Unnest) or (isinstance(i, Literal) and program.predicates[i.atom.pred].kind == "extraction")
+               for i in rule.body):
             return "the view unnests a nested collection; 003 covers flat tables (002's extraction maintains it)"
         sides = [i for i in rule.body if isinstance(i, Literal) and program.predicates[i.atom.pred].role == "setop"]
         if not sides:

@@ -104,13 +104,24 @@ class ValidateSettings(_Model):
     expectations: list[ExpectationSpec] = Field(default_factory=list)
 
 
+class NestedReference(_Model):
+    """A column holding the id of a nested collection stored by reference (002 §2.1): the collection
+    table holds the elements of every collection of this type, each row tagged with its collection's
+    id in column ``id``; a view reaches the elements by joining that column (002 §2.2's e_S)."""
+
+    collection: str
+    id: str
+
+
 class TableConfig(_Model):
-    """A base table: declared columns, an optional primary key, alternate keys and foreign keys."""
+    """A base table: declared columns, an optional primary key, alternate keys and foreign keys; columns
+    that reference nested collections (``nested:``)."""
 
     columns: dict[str, str]
     key: list[str] | None = None
     unique: list[list[str]] = Field(default_factory=list)
     references: dict[str, str] = Field(default_factory=dict)
+    nested: dict[str, NestedReference] = Field(default_factory=dict)
 
     @field_validator("columns")
     @classmethod
@@ -140,6 +151,9 @@ class TableConfig(_Model):
                 raise ValueError(f"references: unknown column {col!r}")
             if target.count(".") != 1:
                 raise ValueError(f"references.{col}: {target!r} is not of the form table.column")
+        for col in self.nested:
+            if col not in self.columns:
+                raise ValueError(f"nested: unknown column {col!r}")
         return self
 
     @property
@@ -260,7 +274,32 @@ class ProjectConfig(_Model):
                     raise ValueError(f"tables.{tname}.references.{col}: unknown table {ref_table!r}")
                 if ref_col not in self.tables[ref_table].columns:
                     raise ValueError(f"tables.{tname}.references.{col}: table {ref_table!r} has no column {ref_col!r}")
+            for col, ref in table.nested.items():
+                where = f"tables.{tname}.nested.{col}"
+                target = self.tables.get(ref.collection)
+                if target is None:
+                    raise ValueError(f"{where}: unknown collection table {ref.collection!r}")
+                if ref.id not in target.columns:
+                    raise ValueError(f"{where}: table {ref.collection!r} has no column {ref.id!r}")
+                if target.columns[ref.id] != table.columns[col]:
+                    raise ValueError(f"{where}: the column is {table.columns[col]} but {ref.collection}.{ref.id} "
+                                     f"is {target.columns[ref.id]}")
+        self._nesting_is_not_recursive()
         return self
+
+    def _nesting_is_not_recursive(self) -> None:
+        """002 §2.1: a nested scheme may nest to any depth but must stay non-recursive."""
+        edges = {t: {r.collection for r in c.nested.values()} for t, c in self.tables.items()}
+
+        def visit(t: str, path: list[str]) -> None:
+            for s in sorted(edges.get(t, ())):
+                if s in path:
+                    raise ValueError(f"tables.{t}.nested: collections nest each other in a cycle: "
+                                     f"{' -> '.join([*path[path.index(s):], s])}")
+                visit(s, [*path, s])
+
+        for t in edges:
+            visit(t, [t])
 
     # -- resolved locations -------------------------------------------------------------------------
 

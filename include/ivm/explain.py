@@ -14,7 +14,7 @@ from tabulate import tabulate
 from ivm.analysis import analyse
 from ivm.config import ProjectConfig
 from ivm.ir import Literal, Program, SetOf
-from ivm.maintain import cream, reduce
+from ivm.maintain import cream, nested, reduce
 from ivm.maintain.counting import groupby_subgoals, view_predicates
 from ivm.maintain.delta_rules import delta_rules
 from ivm.maintain.dred import dred_rules
@@ -126,7 +126,7 @@ def explain(program: Program, strata: Strata, config: ProjectConfig, view: str,
     pred = program.predicates[view]
     upstream = strata.upstream(view)
     own = sorted(p for p, d in program.predicates.items() if d.kind == "aux" and d.owner == view)
-    rule_preds = [view, *own]
+    rule_preds = [view, *own, *nested.extractions(program, upstream)]  # with 002's extraction rewrite
     component = next(c for c in strata.components if view in c.predicates)
     components = recursive_components(strata, view_predicates(program, strata, view))
     algorithm, reasons = choose(program, strata, config, view)
@@ -210,6 +210,7 @@ def choose(program: Program, strata: Strata, config: ProjectConfig, view: str) -
                        + "maintained by the counting algorithm (000 Algorithm 4.1): the delta rules below, new states "
                        "before the Δ subgoal and old ones after it; each stored tuple keeps its number of "
                        "derivations in __count, so deletions need no rederivation")
+    reasons += nested.describe(program, config, view, strata.upstream(view))
     reasons.append("a full recompute happens only on the first materialization, after the definition changes, with "
                    "--mode full, or when a view it reads was recomputed in the same run")
     sets = [p for p in preds if program.predicates[p].semantics == "set"]

@@ -241,11 +241,12 @@ class Rule:
 
 @dataclass
 class Predicate:
-    """A relation of the program: a base table, a view, or an auxiliary predicate of a view."""
+    """A relation of the program: a base table, a view, an auxiliary predicate of a view, or an
+    extraction function of a nested collection (002 §2.2; not stored, ivm.maintain.nested)."""
 
     name: str
     columns: list[str]
-    kind: Lit["base", "view", "aux"]
+    kind: Lit["base", "view", "aux", "extraction"]
     #: bag: multiplicities count derivations; set: SELECT DISTINCT, set operators, Datalog
     semantics: Lit["bag", "set"] = "bag"
     #: the view an auxiliary predicate belongs to
@@ -255,6 +256,8 @@ class Predicate:
     role: str | None = None
     #: the primary key and the alternate (unique) keys of a base table, each a list of columns
     keys: list[list[str]] = field(default_factory=list)
+    #: the columns its base layers are sorted by, when not the default (an owner index: the collection id)
+    cluster: list[str] = field(default_factory=list)
 
 
 @dataclass

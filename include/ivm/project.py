@@ -160,6 +160,9 @@ class Project:
         table = self.config.tables.get(relation)
         if table is not None:
             return list(table.key or table.columns)
+        pred = self.program[0].predicates.get(relation)
+        if pred is not None and pred.cluster:  # an owner index: by the collection id (002 §4.2)
+            return list(pred.cluster)
         return [f.name for f in self.schema(relation).fields]
 
     def _check_types(self) -> None:

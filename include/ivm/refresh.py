@@ -35,6 +35,7 @@ from ivm.changes.trim import trim
 from ivm.config import COUNT_COLUMN
 from ivm.errors import ConfigError, NotFoundError, RunError, ValidationError, one_line
 from ivm.lang import compile_project
+from ivm.maintain import nested
 from ivm.maintain.count_free import CountFree
 from ivm.maintain.counting import Counting, RunStates, materialize, view_predicates
 from ivm.maintain.dred import RuleChange, rule_change
@@ -622,6 +623,7 @@ class _Maintenance:
                 f" ({', '.join(f'{k} {n}' for k, n in outcome.detail.items())})" if outcome.detail else "")
             how += "".join(f"; {n}" for n in outcome.notes)
         elif work.mode == "incremental":
+            probed = dict(counting.probes)
             for pred in view_predicates(program, strata, work.view):
                 counting.maintain(pred)
             own = self.written.get(work.view)
@@ -633,10 +635,18 @@ class _Maintenance:
                     work.detail = {k: work.detail.get(k, 0) + n for k, n in stats.items()}
             if work.detail:
                 how += " (DRed: " + ", ".join(f"{k} {n}" for k, n in work.detail.items()) + ")"
+            for e in nested.extractions(program, strata.upstream(work.view)):
+                if e in counting.extraction_rows:  # 002 §2.2: only the elements that changed
+                    work.detail[f"Δ{e} elements"] = counting.extraction_rows[e]
+                    how += f"; Δ{e}: {counting.extraction_rows[e]} changed elements"
+            ids = sum(counting.probes.values()) - sum(probed.values())
+            if ids:  # 002 §4.3: collection changes reached their owners through the owner indexes
+                work.detail["probed collection ids"] = ids
+                how += f"; owner indexes probed with {ids} collection ids"
         else:
             own = set(view_predicates(program, strata, work.view))  # a recursive view is upstream of itself
             for name in strata.upstream(work.view) - set(full.relations) - own:
-                if program.predicates[name].kind != "aux":
+                if program.predicates[name].kind in ("base", "view"):  # (extractions: from their tables)
                     full.relations[name] = consolidate(states.new(name))
             for name, df in materialize(full, project.groupby_states, work.view):
                 if work.strategy != "counting":

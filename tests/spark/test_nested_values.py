@@ -72,6 +72,12 @@ def test_unnest_matches_duckdb(spark, rows):
 def test_unnest_rule_and_analysis():
     from ivm.analysis import analyse
 
-    [rule] = PROGRAM.rules_for("tags")
-    assert str(rule).startswith("tags(e_id_1, x_t_4) :- emp(e_id_1, e_kids_2, e_tags_3), explode(`e_tags_3`)")
-    assert not analyse(PROGRAM, "tags").applicable
+    [rule] = PROGRAM.rules_for("tags")  # 002 §2.2 (1): the parent and its unnest are one extraction literal
+    assert str(rule) == "tags(e_id_1, x_t_4) :- e_emp_tags(e_id_1, x_t_4)."
+    [extraction] = PROGRAM.rules_for("e_emp_tags")
+    assert str(extraction) == "e_emp_tags(C0, E1) :- emp(C0, C1, C2), explode(`C2`) AS (E1)."
+    assert PROGRAM.predicates["e_emp_tags"].kind == "extraction"
+    # the outer form is its own extraction (a row with an empty array keeps a NULL element)
+    [outer] = PROGRAM.rules_for("tags_outer")
+    assert "explode_outer" in str(PROGRAM.rules_for(outer.body[0].atom.pred)[0])
+    assert "unnests a nested collection" in analyse(PROGRAM, "tags").reason

@@ -65,6 +65,17 @@ def test_default_catalog_lives_in_the_warehouse(tmp_path):
     ({"tables": {}, "views": {"v": {"sql": "x", "mode": "sometimes"}}}, "views.v.mode"),
     ({"tables": {"bad-name": {"columns": {"a": "int"}}}}, "relation name 'bad-name' is not an identifier"),
     ({"storage": {"compact_max_layers": 0}}, "storage.compact_max_layers"),
+    ({"tables": {"t": {"columns": {"a": "int"}, "nested": {"b": {"collection": "t", "id": "a"}}}}},
+     "tables.t: nested: unknown column 'b'"),
+    ({"tables": {"t": {"columns": {"a": "int"}, "nested": {"a": {"collection": "s", "id": "id"}}}}},
+     "tables.t.nested.a: unknown collection table 's'"),
+    ({"tables": {"t": {"columns": {"a": "int"}, "nested": {"a": {"collection": "s", "id": "x"}}},
+                 "s": {"columns": {"id": "int"}}}}, "tables.t.nested.a: table 's' has no column 'x'"),
+    ({"tables": {"t": {"columns": {"a": "int"}, "nested": {"a": {"collection": "s", "id": "id"}}},
+                 "s": {"columns": {"id": "string"}}}}, "tables.t.nested.a: the column is INT but s.id is STRING"),
+    ({"tables": {"t": {"columns": {"a": "int"}, "nested": {"a": {"collection": "s", "id": "id"}}},
+                 "s": {"columns": {"id": "int", "b": "int"}, "nested": {"b": {"collection": "t", "id": "a"}}}}},
+     "collections nest each other in a cycle: t -> s -> t"),
 ])
 def test_errors_name_the_field(doc, message):
     with pytest.raises(ConfigError) as e:

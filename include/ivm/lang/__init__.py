@@ -12,7 +12,7 @@ from ivm.errors import ConfigError
 from ivm.ir import Atom, GroupBy, Literal, Predicate, Program, Rule, SetOf, column_names
 from ivm.lang.datalog import parse_program
 from ivm.lang.sql import SqlCompiler
-from ivm.maintain import cream
+from ivm.maintain import cream, nested
 
 
 def _sql_references(name: str, sql: str) -> set[str]:
@@ -78,7 +78,8 @@ def compile_project(config: ProjectConfig) -> Program:
         if view.language == "sql":
             refs[name] = _sql_references(name, view.definition)
         else:
-            parsed[name] = parse_program(view.definition, name, config.aggregates)
+            parsed[name] = nested.resolve_collections(parse_program(view.definition, name, config.aggregates),
+                                                      config, name)
             refs[name] = _datalog_references(parsed[name])
     order: list[str] = []
     state: dict[str, int] = {}
@@ -104,4 +105,5 @@ def compile_project(config: ProjectConfig) -> Program:
         else:
             sql.compile_view(v, config.views[v].definition)
     cream.rewrite(program, lambda view: config.views[view].auxiliary_views)  # 001 Figure 1, Step 1
+    nested.rewrite(program, config)  # 002 §2.2's extraction functions, §4.2's owner indexes
     return program

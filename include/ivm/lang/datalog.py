@@ -8,6 +8,7 @@ Grammar (documented for users in the README):
     setof     := "setof" "(" Y | "(" Y {"," Y} ")" "," atom "," S ")"      (001 Definition 1)
     setagg    := ("count" | "sum" | "min" | "max" | "avg") "(" S "," W ")"  (an aggregate over the set S)
     atom      := name "(" [term ("," term)*] ")"
+               | Variable "(" [term ("," term)*] ")"   (HiLog: the nested collection a `nested:` column refers to)
     term      := Variable | _ | constant | arithmetic over terms
     groupby   := "groupby" "(" atom "," "[" Variables "]" "," V "=" agg "(" [V | *] ")" {"," ...} ")"
     comparison:= expr ("=" | "!=" | "<>" | "<" | "<=" | ">" | ">=") expr
@@ -43,6 +44,7 @@ from ivm.ir import (
     Var,
     Wildcard,
 )
+from ivm.maintain.nested import COLLECTION_VARIABLE
 
 GRAMMAR = r"""
     program: rule*
@@ -58,6 +60,7 @@ GRAMMAR = r"""
     comparison: sum COMPARATOR sum
     COMPARATOR: "<=" | ">=" | "!=" | "<>" | "=" | "<" | ">"
     atom: NAME "(" [sum ("," sum)*] ")"
+        | VAR "(" [sum ("," sum)*] ")" -> collection
     ?sum: product | sum ADDOP product -> binary
     ?product: unary | product MULOP unary -> binary
     ?unary: "-" unary -> neg | primary
@@ -140,6 +143,11 @@ class _ToIR(Transformer):
 
     def atom(self, name: Token, *args):
         return Atom(str(name), tuple(a for a in args if a is not None))
+
+    def collection(self, var: Token, *args):
+        """HiLog's ``Y(Z, A)``: the nested collection Y refers to (002 Example 2.1), resolved against the
+        project's ``nested:`` columns by ivm.maintain.nested.resolve_collections."""
+        return Atom(COLLECTION_VARIABLE + str(var), tuple(a for a in args if a is not None))
 
     def negation(self, atom: Atom):
         return Literal(atom, negated=True)

@@ -22,6 +22,10 @@ in this run are evaluated.
   is T or Tᵛ. A setof subgoal (001) in Δ position is v_a⁺/v_a⁻, computed by CReaM's differential rules
   Δ1–Δ6 from the auxiliary view and φ's set changes (ivm.maintain.cream).
 
+* **Nested data** (002): an extraction subgoal's Δ is its parent's delta, extracted and consolidated
+  (only the changed elements), its old/new states the parent's, extracted; a delta rule reaching an
+  owner index from its Δ subgoal probes it with the changed collection ids (ivm.maintain.nested).
+
 Presence checks (negation, statement (2), distinct values) consolidate the stored layers restricted to
 the keys in the delta, never a whole relation; positive subgoals read the layers as they are, since
 joins distribute over ⊎ (DESIGN.md §3).
@@ -38,7 +42,7 @@ from pyspark.sql import functions as F
 
 from ivm.config import COUNT_COLUMN
 from ivm.ir import Atom, BodyItem, GroupBy, Literal, Program, SetOf, Var
-from ivm.maintain import cream
+from ivm.maintain import cream, nested
 from ivm.maintain.delta_rules import DELTA, NEW, OLD, DeltaRule, delta_rules
 from ivm.maintain.dred import DRed, RuleChange
 from ivm.maintain.fixpoint import BROADCAST_BYTES
@@ -187,10 +191,16 @@ class Counting:
         self.rule_changes: dict[str, RuleChange] = {}
         #: what DRed did to each recursive component it maintained in this run
         self.dred_stats: dict[Component, dict[str, int]] = {}
+        #: tuples of each extraction function's delta in this run (002 §2.2: the changed elements)
+        self.extraction_rows: dict[str, int] = {}
+        #: collection ids each owner index was probed with in this run (002 §4.3)
+        self.probes: dict[str, int] = {}
 
     # -- states of a subgoal's predicate ---------------------------------------------------------------
 
     def changed(self, pred: str) -> bool:
+        if pred not in self.used_delta and self.program.predicates[pred].kind == nested.EXTRACTION:
+            nested.extraction_delta(self, pred)
         return pred in self.used_delta
 
     def note_delta(self, pred: str, delta: DataFrame | None) -> None:
@@ -216,8 +226,20 @@ class Counting:
         if state == DELTA:
             return self.used_delta[pred]
         p = self.program.predicates[pred]
+        if p.kind == nested.EXTRACTION:  # e_S at the parent's state (002 §2.2: e is not stored)
+            [rule] = self.program.rules_for(pred)
+            return self.ev.rule(rule, lambda j, item: self.ev.atom(item.atom, self.joined(item.atom.pred, state)))
         rows = self.states.new(pred) if state == NEW else self.states.old(pred)
         return as_used(p, consolidate(rows)) if p.semantics == "set" else rows
+
+    def joined(self, pred: str, state: str) -> DataFrame:
+        """The predicate as a positive subgoal of a delta rule joins it. A table's layers are joined as
+        they are: joins distribute over ⊎ (DESIGN.md §3), and a keyed table's counts add up to 0 or 1
+        per tuple (trimming refused anything else), so consolidating it first (a shuffle of the whole
+        table in every delta rule that reads it) would change nothing."""
+        if state != DELTA and self.program.predicates[pred].kind == "base":
+            return self.states.new(pred) if state == NEW else self.states.old(pred)
+        return self.used(pred, state)
 
     def source(self, atom: Atom, state: str, groups: DataFrame | None = None,
                group_vars: list[str] | None = None) -> DataFrame:
@@ -265,7 +287,9 @@ class Counting:
 
     def delta_rule(self, pred: str, r: int, d: DeltaRule, i: int) -> DataFrame:
         """One term of Definition 4.1 as a Spark plan, starting the joins from the Δ subgoal."""
-        return self.ev.rule(d.rule, lambda j, item: self.subgoal(pred, r, j, item, d.states[j]),
+        probed = nested.probe_indexes(self, d, i, lambda j, item, state: self.subgoal(pred, r, j, item, state))
+        return self.ev.rule(d.rule, lambda j, item: probed[j] if j in probed else
+                            self.subgoal(pred, r, j, item, d.states[j]),
                             lambda j, item, df: self.absent(item, df, d.states[j]), first=i)
 
     def subgoal(self, pred: str, r: int, j: int, item: BodyItem, state: str) -> DataFrame | None:
@@ -274,7 +298,7 @@ class Counting:
         if isinstance(item, Literal):
             if item.negated:  # Definition 6.1 in Δ position, else an anti-join
                 return self.negation_delta(item.atom) if state == DELTA else None
-            rows = self.ev.atom(item.atom, self.used(item.atom.pred, state))
+            rows = self.ev.atom(item.atom, self.joined(item.atom.pred, state))
             small = self.states.delta_bytes.get(item.atom.pred, BROADCAST_BYTES + 1) <= BROADCAST_BYTES
             return F.broadcast(rows) if state == DELTA and small else rows
         if isinstance(item, GroupBy):

@@ -102,7 +102,10 @@ class Evaluator:
                 self.relations.update(results)
                 return self.relations[pred]
             frames = [self.rule(r) for r in self.program.rules_for(pred)]
-            self.relations[pred] = consolidate(union_all(frames), p.columns)
+            # an extraction function (002 §2.2) is joined as it comes: consolidating every element of
+            # every collection would be a shuffle of the whole extension for nothing (joins distribute)
+            self.relations[pred] = union_all(frames) if p.kind == "extraction" else \
+                consolidate(union_all(frames), p.columns)
         return self.relations[pred]
 
     def used(self, pred: str) -> DataFrame:

@@ -42,13 +42,15 @@ def main() -> int:
 
     say("\n== ivm load: initial snapshots (CSV and JSON lines)")
     for table, file in [("flight", "flight.csv"), ("res", "res.jsonl"), ("link", "link.csv"),
-                        ("page_view", "page_view.csv")]:
+                        ("page_view", "page_view.csv"), ("passenger", "passenger.jsonl"),
+                        ("companion", "companion.csv"), ("trip", "trip.jsonl")]:
         rows, version = project.load(table, str(DATA / file))
         say(f"   {table}: {rows} rows from {file} -> version {version}")
 
     say("\n== ivm refresh: materialize the views at the loaded snapshot")
     result = project.refresh(progress=lambda line: say(f"   {line}"))
-    for name in ("seats_per_flight", "unbooked_flights", "only_tri_hop", "reach"):
+    for name in ("seats_per_flight", "unbooked_flights", "only_tri_hop", "reach", "minor_companions",
+                 "nights_per_city"):
         say(f"\n   {name}:")
         show(project, name)
 
@@ -58,10 +60,15 @@ def main() -> int:
     text = project.explain("page_visitors").to_text()
     say("   " + text[:text.index("key-based analysis")].rstrip().replace("\n", "\n   "))
 
+    say("\n== ivm explain minor_companions (nested data: the collection, its log, the owner index)")
+    text = project.explain("minor_companions").to_text()
+    say("   " + text[:text.index("key-based analysis")].rstrip().replace("\n", "\n   "))
+
     say("\n== ivm log append: changes in the native format and as Debezium events")
     for table, file, fmt in [("res", "res_changes_1.jsonl", "cdf"), ("res", "res_debezium.jsonl", "debezium"),
                              ("link", "link_changes.csv", "cdf"), ("page_view", "page_view_changes.csv", "cdf"),
-                             ("res", "res_changes_1.jsonl", "cdf")]:
+                             ("res", "res_changes_1.jsonl", "cdf"), ("companion", "companion_changes.csv", "cdf"),
+                             ("trip", "trip_changes.jsonl", "cdf")]:
         say(f"   {project.append(table, str(DATA / file), fmt).describe()}")
 
     say("\n== ivm refresh: trim every log into a net delta, maintain the views that read a changed table")
@@ -77,7 +84,7 @@ def main() -> int:
             rows = [tuple(r) for r in delta.orderBy(*delta.columns).limit(50).collect()]
             say(tabulate(rows, headers=delta.columns, tablefmt="psql", missingval="NULL"))
     for name in ("res", "seats_per_flight", "route_stats", "busy_flights", "unbooked_flights", "only_tri_hop",
-                 "page_counts", "page_visitors", "reach"):
+                 "page_counts", "page_visitors", "reach", "minor_companions", "nights_per_city"):
         say(f"\n   {name} now:")
         show(project, name)
 
