@@ -108,6 +108,15 @@ def stratify(program: Program) -> Strata:
     return Strata(result, {p: stratum[comp_of[p]] for p in program.predicates}, deps)
 
 
+def recursive_predicates(program: Program) -> set[str]:
+    """The predicates in a recursive component (a cycle of the dependency graph, or a self-loop), before
+    any check: what a rewrite must leave alone."""
+    deps: dict[str, set[str]] = {p: set() for p in program.predicates}
+    for rule in program.rules:
+        deps[rule.head.pred].update(p for p, _ in rule.predicates())
+    return {p for comp in _tarjan(deps) if len(comp) > 1 or comp[0] in deps[comp[0]] for p in comp}
+
+
 def _recursive_sets(program: Program, comp: list[str]) -> None:
     """The predicates of a recursive component have set semantics (000 §7: DRed maintains sets; a bag
     would count infinitely many derivations around a cycle). A bag member whose multiplicities are seen

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ivm.maintain.nested import source_relation
 from ivm.maintain.recompute import Evaluator
 from tests.spark.test_counting import STREAMS, _zset, apply_batch, assert_close
 
@@ -324,7 +325,7 @@ def _check(project, state) -> dict[str, dict]:
     # every owner index holds its table's rows
     for idx, d in program.predicates.items():
         if d.role == "index":
-            table = program.rules_for(idx)[0].body[0].atom.pred
+            table = source_relation(program, idx)
             assert _zset(project.read_zset(idx).collect()) == _zset(project.read_zset(table).collect()), idx
     return ours
 

@@ -60,6 +60,7 @@ from ivm.ir import (
     Wildcard,
 )
 from ivm.maintain.delta_rules import DELTA, DeltaRule
+from ivm.stratify import recursive_predicates
 from ivm.zset import consolidate
 
 if TYPE_CHECKING:
@@ -84,25 +85,6 @@ def rewrite(program: Program, config: ProjectConfig) -> None:
 
 def _q(name: str) -> str:
     return f"`{name}`"
-
-
-def recursive_predicates(program: Program) -> set[str]:
-    """Predicates that depend on themselves."""
-    deps: dict[str, set[str]] = {}
-    for r in program.rules:
-        deps.setdefault(r.head.pred, set()).update(p for p, _ in r.predicates())
-    out = set()
-    for p in deps:
-        seen, todo = set(), list(deps[p])
-        while todo:
-            q = todo.pop()
-            if q == p:
-                out.add(p)
-                break
-            if q not in seen:
-                seen.add(q)
-                todo += deps.get(q, ())
-    return out
 
 
 # -- by value: the extraction rewrite (002 §2.2, expression (1)) -------------------------------------------
@@ -207,8 +189,9 @@ def _define(program: Program, parent: Predicate, kept: list[int], array: exp.Exp
     return name
 
 
-def extraction_parent(program: Program, pred: str) -> str:
-    """The relation an extraction predicate unnests (a table, or another extraction)."""
+def source_relation(program: Program, pred: str) -> str:
+    """The relation an extraction unnests (a table, or another extraction), or an owner index copies
+    (its table): the first literal of the predicate's one rule."""
     [rule] = program.rules_for(pred)
     return rule.body[0].atom.pred
 
@@ -312,11 +295,6 @@ def nested_column(program: Program, index: str) -> str:
     return program.predicates[index].cluster[0]
 
 
-def index_table(program: Program, index: str) -> str:
-    [rule] = program.rules_for(index)
-    return rule.body[0].atom.pred
-
-
 # -- maintenance: Δe (002 §2.2) and the owner-index probe (§4.3), for the counting algorithm ----------------
 
 
@@ -384,10 +362,10 @@ def describe(program: Program, config: ProjectConfig, view: str, upstream: set[s
     lines = []
     for e in extractions(program, upstream):
         [rule] = program.rules_for(e)
-        source = extraction_parent(program, e)
+        source = source_relation(program, e)
         table = source
         while program.predicates[table].kind == EXTRACTION:
-            table = extraction_parent(program, table)
+            table = source_relation(program, table)
         lines.append(f"extraction {e}({', '.join(program.predicates[e].columns)}) := "
                      f"{rule.body[0]}, {rule.body[1]}  (002 §2.2 e_S; not stored)")
         lines.append(f"  Δ{e}: the net delta of {source}"
@@ -402,7 +380,7 @@ def describe(program: Program, config: ProjectConfig, view: str, upstream: set[s
                              f"collection (002 §4.1)")
     owned = sorted(p for p, d in program.predicates.items() if d.role == INDEX and d.owner == view)
     for idx in owned:
-        lines.append(f"owner index {idx}: the rows of {index_table(program, idx)} clustered by "
-                     f"{nested_column(program, idx)}; maintained from {index_table(program, idx)}'s log in "
+        lines.append(f"owner index {idx}: the rows of {source_relation(program, idx)} clustered by "
+                     f"{nested_column(program, idx)}; maintained from {source_relation(program, idx)}'s log in "
                      f"every refresh, probed with the changed collection ids (002 §4.2, §4.3 step 2-1)")
     return lines
