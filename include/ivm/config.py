@@ -272,8 +272,15 @@ class ProjectConfig(_Model):
                 ref_table, ref_col = target.split(".")
                 if ref_table not in self.tables:
                     raise ValueError(f"tables.{tname}.references.{col}: unknown table {ref_table!r}")
-                if ref_col not in self.tables[ref_table].columns:
+                referenced = self.tables[ref_table]
+                if ref_col not in referenced.columns:
                     raise ValueError(f"tables.{tname}.references.{col}: table {ref_table!r} has no column {ref_col!r}")
+                if [ref_col] != list(referenced.key or []) and [ref_col] not in referenced.unique:
+                    raise ValueError(f"tables.{tname}.references.{col}: {target} is not a key of {ref_table} (a foreign "
+                                     "key references the table's key or a unique column)")
+                if referenced.columns[ref_col] != table.columns[col]:
+                    raise ValueError(f"tables.{tname}.references.{col}: the column is {table.columns[col]} but "
+                                     f"{target} is {referenced.columns[ref_col]}")
             for col, ref in table.nested.items():
                 where = f"tables.{tname}.nested.{col}"
                 target = self.tables.get(ref.collection)

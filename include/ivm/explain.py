@@ -20,6 +20,7 @@ from ivm.maintain.delta_rules import delta_rules
 from ivm.maintain.dred import dred_rules
 from ivm.maintain.groupby import describe
 from ivm.maintain.keyed import derived_rules
+from ivm.maintain.references import shortcuts
 from ivm.maintain.strategy import Choice
 from ivm.stratify import Component, Strata
 
@@ -118,6 +119,7 @@ class Explanation:
         for d in self.delta_rules:
             lines.append(f"  {d['rule']}")
             lines += ["      " + line for line in d["sql"].splitlines()]
+            lines += [f"      -- {sc}" for sc in d.get("from_deltas", [])]
         return "\n".join(lines)
 
 
@@ -146,7 +148,8 @@ def explain(program: Program, strata: Strata, config: ProjectConfig, view: str,
         algorithm=algorithm,
         reasons=reasons,
         key_based=_key_based(program, view),
-        delta_rules=[{"rule": str(d), "sql": d.sql(program)}
+        delta_rules=[{"rule": str(d), "sql": d.sql(program),
+                      "from_deltas": [str(sc) for sc in shortcuts(program, d, d.states.index("delta")).values()]}
                      for p in rule_preds if not any(p in c.predicates for c in components)
                      for r in program.rules_for(p) for d in delta_rules(r)],
         key_based_rules=[{"name": r.name, "when": r.when, "sql": r.sql} for r in derived_rules(program, view)],

@@ -258,6 +258,8 @@ class Predicate:
     keys: list[list[str]] = field(default_factory=list)
     #: the columns its base layers are sorted by, when not the default (an owner index: the collection id)
     cluster: list[str] = field(default_factory=list)
+    #: a base table's declared foreign keys: column -> (table, column) (ivm.maintain.references)
+    references: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Starting Spark for in-process use (`ivm` commands, the demo, tests).
+"""Starting Spark for in-process use (`ivm` commands, the demo, tests), and measuring what its jobs did.
 
 spark-submit jobs get their session from spark-submit's configuration instead; both end up in
 `session()`, which reuses an active session when there is one.
@@ -9,6 +9,10 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from ivm.config import SparkSettings
@@ -67,3 +71,54 @@ def ship_package(spark) -> None:
     archive = shutil.make_archive(str(target), "zip", root_dir=package.parent, base_dir=package.name)
     spark.sparkContext.addPyFile(archive)
     log.info("shipped the ivm package to the executors of %s (%s)", master, archive)
+
+
+@dataclass
+class Measured:
+    """What the Spark jobs of one measured block did: the numbers Spark's UI shows for their stages."""
+
+    label: str
+    seconds: float = 0.0
+    jobs: int = 0
+    rows_read: int = 0      # input records of the stages (rows read from files)
+    bytes_written: int = 0  # output bytes of the stages (files written)
+    shuffled: int = 0       # records written to shuffles
+
+
+class JobMetrics:
+    """Jobs, rows read and bytes written by what runs inside ``measure`` (a job group per block, the
+    stages' metrics from Spark's status store, which is kept with the UI off too)."""
+
+    def __init__(self, spark):
+        self.sc = spark.sparkContext
+        self.n = 0
+
+    @contextmanager
+    def measure(self, label: str) -> Iterator[Measured]:
+        self.n += 1
+        group = f"ivm-measure-{self.n}-{label}"
+        out = Measured(label)
+        self.sc.setJobGroup(group, label)
+        started = time.perf_counter()
+        try:
+            yield out
+        finally:
+            out.seconds = time.perf_counter() - started
+            self.sc.setLocalProperty("spark.jobGroup.id", None)
+            time.sleep(0.5)  # let the listener bus deliver the last stages' metrics
+            self._fill(group, out)
+
+    def _fill(self, group: str, out: Measured) -> None:
+        tracker = self.sc.statusTracker()
+        jobs = list(tracker.getJobIdsForGroup(group))
+        stages = {s for j in jobs if (info := tracker.getJobInfo(j)) for s in info.stageIds}
+        out.jobs = len(jobs)
+        gw = self.sc._gateway  # noqa: SLF001 - the status store has no Python API
+        data = self.sc._jsc.sc().statusStore().stageList(None, False, False, gw.new_array(gw.jvm.double, 0), None)
+        it = data.iterator()
+        while it.hasNext():
+            s = it.next()
+            if s.stageId() in stages:
+                out.rows_read += s.inputRecords()
+                out.bytes_written += s.outputBytes()
+                out.shuffled += s.shuffleWriteRecords()

@@ -7,6 +7,8 @@ answer is needed.
 
 from __future__ import annotations
 
+import datetime
+import decimal
 from collections.abc import Sequence
 from functools import reduce
 
@@ -47,6 +49,45 @@ def restrict(df: DataFrame, keys: DataFrame, columns: Sequence[str]) -> DataFram
     renamed = keys.select(*[F.col(f"`{c}`").alias(f"__k{i}") for i, c in enumerate(columns)])
     cond = reduce(lambda a, b: a & b, [df[f"`{c}`"].eqNullSafe(renamed[f"__k{i}"]) for i, c in enumerate(columns)])
     return df.join(renamed, cond, "left_semi")
+
+
+#: ranges a skipping filter cuts the keys into, and the most keys it collects (beyond: no filter)
+SKIP_RANGES = 16
+SKIP_KEYS = 100_000
+
+
+def skipping_filter(keys: DataFrame, column: str) -> Column | None:
+    """A filter on ``column`` the Parquet reader evaluates against row-group and page statistics: the
+    keys' distinct values, sorted, cut into at most SKIP_RANGES ranges at their widest gaps (numbers and
+    dates; other types in equal runs). A relation whose layers are sorted by ``column`` (base layers
+    are sorted by their key) then skips the row groups no key falls in, where a semi-join would read
+    them all; new keys past the largest and deleted old ones are two ranges. One small job; None
+    when there are more than SKIP_KEYS keys (no filter). A NULL key keeps the NULL rows."""
+    c = F.col(f"`{column}`")
+    values = [r[0] for r in keys.select(c.alias("k")).distinct().orderBy("k").limit(SKIP_KEYS + 2).collect()]
+    if len(values) > SKIP_KEYS + 1:
+        return None
+    ranges = key_ranges([v for v in values if v is not None], column)
+    return ranges | c.isNull() if None in values else ranges  # restrict's semi-join is null-safe
+
+
+def key_ranges(values: list, column: str) -> Column:
+    """`skipping_filter`'s ranges over sorted, distinct, non-NULL ``values`` (none: nothing passes)."""
+    if not values:
+        return F.lit(False)
+    c = F.col(f"`{column}`")
+    cuts: list[int]
+    if isinstance(values[0], int | float | decimal.Decimal | datetime.date):
+        def gap(a, b):
+            return (b - a).days if isinstance(a, datetime.date) else b - a
+        widest = sorted(range(1, len(values)), key=lambda i: gap(values[i - 1], values[i]), reverse=True)
+        cuts = sorted(widest[:SKIP_RANGES - 1])
+    else:
+        step = max(1, -(-len(values) // SKIP_RANGES))
+        cuts = list(range(step, len(values), step))
+    bounds = [0, *cuts, len(values)]
+    ranges = [c.between(F.lit(values[a]), F.lit(values[b - 1])) for a, b in zip(bounds, bounds[1:], strict=False)]
+    return reduce(lambda a, b: a | b, ranges)
 
 
 def anti_join(left: DataFrame, right: DataFrame, null_safe: bool) -> DataFrame:

@@ -25,7 +25,6 @@ import os
 import platform
 import shutil
 import sys
-import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -48,6 +47,8 @@ from workloads import (  # noqa: E402
     tpch,
 )
 
+from ivm.spark import JobMetrics  # noqa: E402
+
 
 @dataclass
 class Figure:
@@ -65,37 +66,16 @@ class Figure:
 
 
 class SparkCounters:
-    """Jobs, input records and output bytes of what runs inside ``measure`` (a job group per measurement,
-    the stages' metrics from Spark's status store: the numbers its UI shows)."""
+    """Jobs, input records and output bytes of what runs inside ``measure`` (ivm.spark.JobMetrics: a job
+    group per measurement, the stages' metrics from Spark's status store: the numbers its UI shows)."""
 
     def __init__(self, spark):
-        self.sc = spark.sparkContext
-        self.n = 0
+        self.metrics = JobMetrics(spark)
 
     def measure(self, fn):
-        self.n += 1
-        group = f"bench-{self.n}"
-        self.sc.setJobGroup(group, group)
-        started = time.perf_counter()
-        try:
+        with self.metrics.measure("bench") as m:
             result = fn()
-        finally:
-            seconds = time.perf_counter() - started
-            self.sc.setLocalProperty("spark.jobGroup.id", None)
-        time.sleep(0.5)  # let the listener bus deliver the last stage metrics
-        jobs = list(self.sc.statusTracker().getJobIdsForGroup(group))
-        stages = {s for j in jobs if (info := self.sc.statusTracker().getJobInfo(j)) for s in info.stageIds}
-        rows = written = shuffled = 0
-        gw = self.sc._gateway  # noqa: SLF001 - the status store has no Python API
-        data = self.sc._jsc.sc().statusStore().stageList(None, False, False, gw.new_array(gw.jvm.double, 0), None)
-        it = data.iterator()
-        while it.hasNext():
-            s = it.next()
-            if s.stageId() in stages:
-                rows += s.inputRecords()
-                written += s.outputBytes()
-                shuffled += s.shuffleWriteRecords()
-        return result, seconds, len(jobs), rows, written, shuffled
+        return result, m.seconds, m.jobs, m.rows_read, m.bytes_written, m.shuffled
 
 
 def project_for(view: str, root: Path, sf: float, edges: int):

@@ -25,7 +25,7 @@ from pyspark.sql import functions as F
 from ivm.changes.reader import SEQ, describe_row
 from ivm.config import CHANGE_TYPE, COMMIT_VERSION, COUNT_COLUMN, TableConfig
 from ivm.errors import ChangeDataError
-from ivm.zset import consolidate, restrict, row_struct
+from ivm.zset import consolidate, restrict, row_struct, skipping_filter
 
 SIGN = "__sign"
 ROW = "__row"
@@ -65,11 +65,18 @@ def _old_events(old: DataFrame, columns: Sequence[str], sign: Column) -> DataFra
                       F.lit(None).cast("string").alias("__pairing"))
 
 
+def _stored_at(snapshot: DataFrame, touched: DataFrame, columns: list[str]) -> DataFrame:
+    """The snapshot's rows at the touched keys (or whole tuples, for a bag). The base layers are sorted
+    by ``columns``, so a range filter on the first column skips the row groups no change falls in."""
+    skip = skipping_filter(touched, columns[0])
+    return restrict(snapshot if skip is None else snapshot.where(skip), touched, columns)
+
+
 def _keyed(events: DataFrame, snapshot: DataFrame, table: TableConfig) -> tuple[DataFrame, DataFrame]:
     """(annotated events, net delta) for a table with a primary key."""
     columns, key = list(table.columns), list(table.key or [])
     touched = events.select(*[F.col(f"`{c}`") for c in key]).distinct()
-    old = consolidate(restrict(snapshot, touched, key), columns)
+    old = consolidate(_stored_at(snapshot, touched, key), columns)
     timeline = events.unionByName(_old_events(old, columns, F.lit(1).cast("long")))
     w = Window.partitionBy(*[F.col(f"`{c}`") for c in key]).orderBy(*ORDER)
     prev_sign, prev_row = F.lag(SIGN).over(w), F.lag(ROW).over(w)
@@ -106,7 +113,7 @@ def _unkeyed(events: DataFrame, snapshot: DataFrame, table: TableConfig) -> tupl
     """(annotated events, net delta) for a bag table: a tuple's net effect is the sum of its counts."""
     columns = list(table.columns)
     touched = events.select(*[F.col(f"`{c}`") for c in columns]).distinct()
-    old = consolidate(restrict(snapshot, touched, columns), columns)
+    old = consolidate(_stored_at(snapshot, touched, columns), columns)
     timeline = events.unionByName(_old_events(old, columns, F.col(COUNT_COLUMN)))
     w = Window.partitionBy(ROW).orderBy(*ORDER).rowsBetween(Window.unboundedPreceding, Window.currentRow)
     copies = F.sum(SIGN).over(w)

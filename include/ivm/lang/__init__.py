@@ -70,7 +70,8 @@ def add_datalog_view(program: Program, view: str, rules: list[Rule]) -> None:
 def compile_project(config: ProjectConfig) -> Program:
     """The program of all the project's views. Errors name the view and the construct."""
     program = Program({name: Predicate(name, list(t.columns), "base", "set" if t.key else "bag",
-                                       keys=([list(t.key)] if t.key else []) + [list(u) for u in t.unique])
+                                       keys=([list(t.key)] if t.key else []) + [list(u) for u in t.unique],
+                                       references={c: tuple(r.split(".")) for c, r in t.references.items()})
                        for name, t in config.tables.items()})
     parsed: dict[str, list[Rule]] = {}
     refs: dict[str, set[str]] = {}

@@ -26,6 +26,10 @@ in this run are evaluated.
   (only the changed elements), its old/new states the parent's, extracted; a delta rule reaching an
   owner index from its Δ subgoal probes it with the changed collection ids (ivm.maintain.nested).
 
+* **Keyed tables and foreign keys**: a positive subgoal whose state at the values the Δ subgoal binds
+  is known from the run's deltas (a keyed table at its changed keys; a table referencing the Δ
+  subgoal's key, at inserted and deleted keys) is taken from them (ivm.maintain.references).
+
 Presence checks (negation, statement (2), distinct values) consolidate the stored layers restricted to
 the keys in the delta, never a whole relation; positive subgoals read the layers as they are, since
 joins distribute over ⊎ (DESIGN.md §3).
@@ -42,7 +46,7 @@ from pyspark.sql import functions as F
 
 from ivm.config import COUNT_COLUMN
 from ivm.ir import Atom, BodyItem, GroupBy, Literal, Program, SetOf, Var
-from ivm.maintain import cream, nested
+from ivm.maintain import cream, nested, references
 from ivm.maintain.delta_rules import DELTA, NEW, OLD, DeltaRule, delta_rules
 from ivm.maintain.dred import DRed, RuleChange
 from ivm.maintain.fixpoint import BROADCAST_BYTES
@@ -195,6 +199,10 @@ class Counting:
         self.extraction_rows: dict[str, int] = {}
         #: collection ids each owner index was probed with in this run (002 §4.3)
         self.probes: dict[str, int] = {}
+        #: subgoals delta rules took from the deltas (keyed lookups, foreign keys), with how often
+        self.shortcuts: dict[str, int] = {}
+        #: the keys each shortcut reads from storage in this run (None: too many, a semi-join)
+        self.shortcut_keys: dict[object, list | None] = {}
 
     # -- states of a subgoal's predicate ---------------------------------------------------------------
 
@@ -288,6 +296,7 @@ class Counting:
     def delta_rule(self, pred: str, r: int, d: DeltaRule, i: int) -> DataFrame:
         """One term of Definition 4.1 as a Spark plan, starting the joins from the Δ subgoal."""
         probed = nested.probe_indexes(self, d, i, lambda j, item, state: self.subgoal(pred, r, j, item, state))
+        probed |= references.apply(self, d, i)
         return self.ev.rule(d.rule, lambda j, item: probed[j] if j in probed else
                             self.subgoal(pred, r, j, item, d.states[j]),
                             lambda j, item, df: self.absent(item, df, d.states[j]), first=i)
