@@ -69,9 +69,14 @@ def write_project(root: Path, tables: dict, **settings) -> Path:
     # compare every view with its whole recomputation and DuckDB after each refresh, which a sample of
     # keys cannot add to, and it would cost a recompute per view per refresh. tests/spark/test_validate.py
     # and the demo (the DAG tests) run it.
+    # Likewise `mode: auto`'s crossover (ivm.maintain.crossover) is off unless a test asks for it: on a
+    # few rows a recompute is often cheaper than a refresh's fixed costs, and the tests here check the
+    # incremental path after every batch. tests/spark/test_crossover.py runs it.
     if "views" in settings:
-        settings["views"] = {name: spec if not isinstance(spec, dict) or "validate" in spec
-                             else {**spec, "validate": {"sample": 0}} for name, spec in settings["views"].items()}
+        settings["views"] = {name: spec if not isinstance(spec, dict) else {
+            **({} if "validate" in spec else {"validate": {"sample": 0}}),
+            **({} if "crossover" in spec else {"crossover": {"enabled": False}}), **spec}
+            for name, spec in settings["views"].items()}
     doc = {"warehouse": "./warehouse", "tables": tables, **settings}
     path = root / "ivm.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))

@@ -117,6 +117,14 @@ def cmd_validate(args) -> int:
     return 0
 
 
+def _crossover(detail: dict) -> str:
+    """`--mode auto`'s estimates for a maintain stage, when it made them (ivm.maintain.crossover)."""
+    est = (detail.get("choice") or {}).get("crossover")
+    if not est or est.get("incremental_s") is None or est.get("full_s") is None:
+        return ""
+    return f" (auto: est. {est['incremental_s']:.1f}s inc / {est['full_s']:.1f}s full)"
+
+
 def cmd_runs(args) -> int:
     project = _open(args)
     table = []
@@ -130,7 +138,7 @@ def cmd_runs(args) -> int:
         deltas = ", ".join(f"{s.relation}:{s.delta_rows}" for s in run.stages
                            if s.stage == "trim" and s.delta_rows is not None)
         views = "\n".join(f"{s.relation} {s.mode} Δ{'' if s.delta_rows is None else s.delta_rows} "
-                          f"{s.seconds or 0:.2f}s" for s in run.stages if s.stage == "maintain")
+                          f"{s.seconds or 0:.2f}s{_crossover(s.detail)}" for s in run.stages if s.stage == "maintain")
         table.append([run.id, run.kind, run.status, run.mode or "",
                       ", ".join(f"{k}@{v}" for k, v in sorted(run.snapshot.items()) if k in run.relations),
                       deltas, views, "\n".join(checks.get(run.id, [])), f"{seconds:.2f}" if seconds is not None else "",

@@ -203,6 +203,19 @@ class ReduceSettings(_Model):
     multiple_updates: Literal["MU1", "MU2"] = "MU2"
 
 
+class CrossoverSettings(_Model):
+    """`mode: auto`'s choice of a full recompute over incremental maintenance from the view's measured
+    costs (ivm.maintain.crossover)."""
+
+    enabled: bool = True
+    #: a full recompute must be estimated to save at least this many seconds ...
+    min_saving_seconds: float = Field(default=5.0, ge=0)
+    #: ... and the incremental estimate must exceed the full one this many times
+    ratio: float = Field(default=1.2, ge=1)
+    #: incremental refreshes the estimate is fitted to (the newest)
+    history: int = Field(default=20, ge=1)
+
+
 class ViewConfig(_Model):
     """A view: SQL or Datalog (inline text or a file path) and its per-view options."""
 
@@ -214,6 +227,7 @@ class ViewConfig(_Model):
     #: samples by them (default: the GROUP BY columns, else all columns)
     key: list[str] | None = None
     mode: Literal["auto", "incremental", "full"] = "auto"
+    crossover: CrossoverSettings = Field(default_factory=CrossoverSettings)
     #: how a set-semantics projection view is maintained: counting (000, derivation counts), keyed (003's
     #: derived rules) or reduce (004); unset: chosen per run by a cost model (ivm.maintain.strategy)
     strategy: Literal["counting", "keyed", "reduce"] | None = None

@@ -38,6 +38,7 @@ from ivm.lang import compile_project
 from ivm.maintain import nested
 from ivm.maintain.count_free import CountFree
 from ivm.maintain.counting import Counting, RunStates, materialize, view_predicates
+from ivm.maintain.crossover import estimate as crossover_estimate
 from ivm.maintain.dred import RuleChange, rule_change
 from ivm.maintain.recompute import Evaluator, as_used
 from ivm.maintain.strategy import stored_form
@@ -182,7 +183,9 @@ def _plan_views(project: Project, p: Plan, wanted: list[str] | None, mode: str,
 
     * full recompute for ``--mode full`` or a view configured ``mode: full``, a first
       materialization, a changed definition, a stored relation not materialized yet, or a view that
-      reads a view recomputed in full in this run (its delta would be the whole difference);
+      reads a view recomputed in full in this run (its delta would be the whole difference), or, under
+      ``--mode auto``, a change past the view's crossover by its measured costs
+      (ivm.maintain.crossover; the estimates are recorded either way);
     * incremental across a changed definition when the view is recursive and only rules of its
       recursive predicates were added or removed: DRed follows rule changes (000 §7), and the views
       above it are maintained from its delta;
@@ -235,6 +238,14 @@ def _plan_views(project: Project, p: Plan, wanted: list[str] | None, mode: str,
         if reason is None and stored_form(choice.strategy) != state.form:
             reason = (f"{choice.strategy} stores the view as {stored_form(choice.strategy)}, its state holds "
                       f"{state.form} ({choice.reason})")
+        crossover = project.config.views[view].crossover
+        estimate = None
+        if reason is None and inputs and mode == "auto" and configured == "auto" and crossover.enabled:
+            # the crossover (ivm.maintain.crossover): a full recompute when the measured costs say so
+            estimate = crossover_estimate(project.catalog.maintain_history(view), int(sum(
+                change_rows[t] for t in inputs)), crossover)
+            if estimate.full:
+                reason = f"auto: {estimate.why}"
         recursive = algorithm(program, strata, view).startswith("DRed")
         change = _rule_change(project, view, d) if reason == "the definition changed" and recursive else None
         if isinstance(change, RuleChange):
@@ -263,6 +274,8 @@ def _plan_views(project: Project, p: Plan, wanted: list[str] | None, mode: str,
         else:
             continue
         work[-1].strategy, work[-1].choice = choice.strategy, choice.as_dict()
+        if estimate is not None:
+            work[-1].choice["crossover"] = estimate.as_dict()
     return work
 
 
@@ -415,7 +428,7 @@ def trim_table(project: Project, run_id: str, item: TableDelta) -> TableDelta:
     changes = read_log(project.spark, table, segments, item.from_version, item.to_version)
     state = project.catalog.state(name)
     current = project.warehouse.read_layers(project.spark, [x.path for x in state.layers], project.schema(name))
-    net = trim(name, table, changes, current)
+    net = trim(name, table, changes, current, sum(x.rows or 0 for x in state.layers))
     try:
         layer = project.warehouse.write_layer(net.delta, name, "delta", run_id=run_id)
     finally:

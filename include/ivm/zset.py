@@ -54,6 +54,8 @@ def restrict(df: DataFrame, keys: DataFrame, columns: Sequence[str]) -> DataFram
 #: ranges a skipping filter cuts the keys into, and the most keys it collects (beyond: no filter)
 SKIP_RANGES = 16
 SKIP_KEYS = 100_000
+#: stored rows below which a skipping filter is not worth its job (a row group holds ~10⁵-10⁶ rows)
+SKIP_MIN_ROWS = 1_000_000
 
 
 def skipping_filter(keys: DataFrame, column: str) -> Column | None:
@@ -64,10 +66,10 @@ def skipping_filter(keys: DataFrame, column: str) -> Column | None:
     them all; new keys past the largest and deleted old ones are two ranges. One small job; None
     when there are more than SKIP_KEYS keys (no filter). A NULL key keeps the NULL rows."""
     c = F.col(f"`{column}`")
-    values = [r[0] for r in keys.select(c.alias("k")).distinct().orderBy("k").limit(SKIP_KEYS + 2).collect()]
+    values = [r[0] for r in keys.select(c.alias("k")).distinct().limit(SKIP_KEYS + 2).collect()]
     if len(values) > SKIP_KEYS + 1:
         return None
-    ranges = key_ranges([v for v in values if v is not None], column)
+    ranges = key_ranges(sorted(v for v in values if v is not None), column)  # (sorted here: no sort job)
     return ranges | c.isNull() if None in values else ranges  # restrict's semi-join is null-safe
 
 

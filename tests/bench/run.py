@@ -8,8 +8,10 @@ issue). Not a test: figures are measured and reported, never asserted.
 refresh of one view never costs another's), loaded from TPC-H (``tpchgen-cli``) or the generated
 graph and materialized once. Then for each Δ (a fraction of the orders, or of the edges):
 
-    T_inc   append the change files, `refresh` (trim the logs, maintain the view, publish)
-    T_full  at the same snapshot, `backfill --full` (recompute the view and everything it stores, publish)
+    T_inc   append the change files, `refresh --mode incremental` (trim the logs, maintain the view, publish)
+    T_full  append a second change of the same size, `refresh --mode full` (trim the logs, recompute the
+            view and everything it stores, publish)
+    T_auto  append a third, `refresh` (`--mode auto`: the crossover by the view's measured costs decides)
     noop    a `refresh` with nothing new
 
 with the Spark jobs launched, the rows read (input records of their stages) and the bytes written
@@ -55,7 +57,7 @@ class Figure:
     view: str
     delta: float  # fraction
     change: str  # RF1+RF2 | insert | delete | noop
-    mode: str  # incremental | full
+    mode: str  # incremental | full | auto
     changes: int  # rows in the change files
     seconds: float
     jobs: int
@@ -92,7 +94,10 @@ def project_for(view: str, root: Path, sf: float, edges: int):
     folder = root / f"project-{view.replace('@', '-')}"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "ivm.yaml").write_text(yaml.safe_dump({
-        "warehouse": "./warehouse", "spark": {"master": "local[2]", "conf": {"spark.sql.shuffle.partitions": "4"}},
+        # 4 GiB for the local driver (it is the executor too): Spark's default 1 GiB ran out of heap in a
+        # hash aggregate of SF 1's full recompute
+        "warehouse": "./warehouse", "spark": {"master": "local[2]", "conf": {"spark.sql.shuffle.partitions": "4",
+                                                                              "spark.driver.memory": "4g"}},
         "tables": tables, "views": {name: spec}}, sort_keys=False))
     project = Project.open(str(folder / "ivm.yaml"))
     project.apply()
@@ -115,19 +120,33 @@ def run_view(view: str, args, root: Path, counters_for) -> list[Figure]:
         changes = RefreshSets(data)
         plan = [(d, "RF1+RF2") for d in args.deltas]
     name = view.split("@")[0]
-    for fraction, kind in plan:
+
+    def append(fraction: float, kind: str) -> int:
         files = changes.make(fraction, kind, changes_dir) if view == "reach" else changes.make(fraction, changes_dir)
-        n = 0
-        for table, path in files.items():
-            if table in project.config.tables:
-                n += project.append(table, str(path)).rows
+        return sum(project.append(table, str(path)).rows for table, path in files.items()
+                   if table in project.config.tables)
+
+    for fraction, kind in plan:
+        n = append(fraction, kind)
         result, *numbers = counters.measure(lambda: project.refresh([name], mode="incremental"))
         detail = ", ".join(f"{k} {v}" for w in result.views for k, v in w.detail.items())
         figures.append(Figure(view, fraction, kind, "incremental", n, *numbers, detail=detail))
-        _, *numbers = counters.measure(lambda: project.backfill([name], full=True))
-        figures.append(Figure(view, fraction, kind, "full", n, *numbers))
+        # T_full: a refresh in full mode of a second change of the same size; like any refresh it applies
+        # the change to the tables (the trim) before recomputing the view and publishing
+        n_full = append(fraction, kind)
+        _, *numbers = counters.measure(lambda: project.refresh([name], mode="full"))
+        figures.append(Figure(view, fraction, kind, "full", n_full, *numbers))
         print(f"{view} Δ={fraction:g} {kind}: incremental {figures[-2].seconds:.2f} s, full {figures[-1].seconds:.2f} s "
               f"({n} changed rows)", flush=True)
+        if args.auto:  # a third change of the same size under --mode auto: the crossover's choice
+            n = append(fraction, kind)
+            result, *numbers = counters.measure(lambda: project.refresh([name]))
+            [work] = result.views
+            est = work.choice.get("crossover") or {}
+            figures.append(Figure(view, fraction, kind, "auto", n, *numbers, detail=f"{work.mode} (estimated "
+                                  f"{est.get('incremental_s')} s incremental, {est.get('full_s')} s full)"))
+            print(f"{view} Δ={fraction:g} {kind}: auto chose {figures[-1].detail}: {figures[-1].seconds:.2f} s",
+                  flush=True)
     _, *numbers = counters.measure(lambda: project.refresh([name]))
     figures.append(Figure(view, 0.0, "noop", "incremental", 0, *numbers))
     project.close()
@@ -145,7 +164,7 @@ def machine() -> list[str]:
         pass
     return [f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC", f"{platform.node()}: {os.cpu_count()} cores{mem}, "
             f"{platform.system()} {platform.release()}", f"Python {platform.python_version()}, "
-            f"PySpark {pyspark.__version__}, local[2], 4 shuffle partitions"]
+            f"PySpark {pyspark.__version__}, local[2] (4 GiB driver), 4 shuffle partitions"]
 
 
 def report(figures: list[Figure], args, out: Path) -> None:
@@ -153,8 +172,9 @@ def report(figures: list[Figure], args, out: Path) -> None:
     lines = ["# ivm benchmark: incremental refresh vs full recompute", "",
              *[f"- {m}" for m in machine()],
              f"- TPC-H SF {args.sf:g} (tpchgen-cli); closure over {args.edges} edges (chains of 10 nodes)",
-             "- one warm Spark session; validation off; each T is a whole `ivm refresh` / `ivm backfill --full` "
-             "(plan, trim, maintain or recompute, publish)", "",
+             "- one warm Spark session; validation off; each T is a whole `ivm refresh` (plan, trim, maintain or "
+             "recompute, publish): T_inc with `--mode incremental`, T_full with `--mode full` on a second change "
+             "of the same size (both apply the change to the tables first)", "",
              "| view | Δ | kind | changed rows | T_inc s | T_full s | T_inc/T_full | jobs inc/full | "
              "rows read inc/full | bytes written inc/full |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -170,6 +190,17 @@ def report(figures: list[Figure], args, out: Path) -> None:
         lines.append(f"| {view} | {delta:.2%} | {kind} | {inc.changes} | {inc.seconds:.2f} | {full.seconds:.2f} | "
                      f"{inc.seconds / full.seconds:.3f} | {inc.jobs}/{full.jobs} | {inc.rows_read}/{full.rows_read} | "
                      f"{inc.bytes_written}/{full.bytes_written} |")
+    autos = [(key, pair) for key, pair in by.items() if "auto" in pair and "full" in pair]
+    if autos:
+        lines += ["", "## `--mode auto` (the crossover from measured costs)", "",
+                  "A third change of the same size after the incremental and full ones, refreshed with "
+                  "`--mode auto`: what it chose (with its estimates, from this session's earlier runs of the view) "
+                  "and its time against the better of T_inc and T_full.", "",
+                  "| view | Δ | kind | T_auto s | chose | T_auto / min(T_inc, T_full) |", "|---|---|---|---|---|---|"]
+        for (view, delta, kind), pair in autos:
+            best = min(pair["incremental"].seconds, pair["full"].seconds)
+            lines.append(f"| {view} | {delta:.2%} | {kind} | {pair['auto'].seconds:.2f} | {pair['auto'].detail} | "
+                         f"{pair['auto'].seconds / best:.2f} |")
     projections = [(key, pair) for key, pair in by.items() if "@" in key[0] and "full" in pair]
     if projections:
         lines += ["", "## Set-semantics projections: counting vs REDUCE (004)", "",
@@ -222,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--deltas", default="0.0001,0.001,0.01,0.1",
                     type=lambda s: [float(x) for x in s.split(",")], help="fractions of the orders / edges")
     ap.add_argument("--edges", type=int, default=100_000, help="edges of the closure's graph")
+    ap.add_argument("--no-auto", dest="auto", action="store_false",
+                    help="skip the --mode auto refresh after each Δ's incremental and full ones")
     ap.add_argument("--views", default="q1,q3,q5,reach,nations@counting,nations@reduce,order_nations@counting,order_nations@reduce", type=lambda s: s.split(","))
     ap.add_argument("--work", default=str(REPO / ".bench"), help="data, projects and warehouses (reused data)")
     ap.add_argument("--out", default=str(REPO / "tests" / "bench" / "results"))

@@ -205,3 +205,22 @@ def test_rf_refresh_reads_no_lineitem_while_maintaining(make_project, tmp_path, 
     # lineitem holds 3,000 rows: reading it would show here (what is read: the deltas, customer, the
     # GROUP BY state at the changed orders (one row per order), the set view's counts)
     assert m.rows_read < 1000, m
+
+
+def test_skipping_filter_cuts_the_keys_at_their_widest_gaps(spark, monkeypatch):
+    """The ranges the trim and the shortcuts' reads give the Parquet reader: never a key lost (NULLs
+    included), and cut where the keys are farthest apart."""
+    from ivm import zset
+
+    monkeypatch.setattr(zset, "SKIP_RANGES", 2)
+    rows = spark.range(0, 6000).selectExpr("CAST(id AS INT) AS k")
+    keys = spark.createDataFrame([(1,), (3,), (2,), (100,), (101,), (5000,)], "k int")
+    kept = rows.where(zset.skipping_filter(keys, "k"))
+    assert kept.count() == 102  # 1..101 and 5000: the widest gap (101 -> 5000) is the cut
+    with_null = spark.createDataFrame([(None,), (7,)], "k int")
+    both = spark.createDataFrame([(None,), (7,), (8,)], "k int")
+    assert sorted(r.k for r in both.where(zset.skipping_filter(with_null, "k")).collect()
+                  if r.k is not None) == [7] and both.where(zset.skipping_filter(with_null, "k")).count() == 2
+    words = spark.createDataFrame([(w,) for w in "abcdefgh"], "k string")
+    assert words.where(zset.skipping_filter(spark.createDataFrame([("b",), ("g",)], "k string"), "k")).count() == 2
+    assert rows.where(zset.skipping_filter(keys.where("k < 0"), "k")).count() == 0

@@ -25,7 +25,7 @@ from pyspark.sql import functions as F
 from ivm.changes.reader import SEQ, describe_row
 from ivm.config import CHANGE_TYPE, COMMIT_VERSION, COUNT_COLUMN, TableConfig
 from ivm.errors import ChangeDataError
-from ivm.zset import consolidate, restrict, row_struct, skipping_filter
+from ivm.zset import SKIP_MIN_ROWS, consolidate, restrict, row_struct, skipping_filter
 
 SIGN = "__sign"
 ROW = "__row"
@@ -65,18 +65,19 @@ def _old_events(old: DataFrame, columns: Sequence[str], sign: Column) -> DataFra
                       F.lit(None).cast("string").alias("__pairing"))
 
 
-def _stored_at(snapshot: DataFrame, touched: DataFrame, columns: list[str]) -> DataFrame:
+def _stored_at(snapshot: DataFrame, touched: DataFrame, columns: list[str], stored_rows: int) -> DataFrame:
     """The snapshot's rows at the touched keys (or whole tuples, for a bag). The base layers are sorted
-    by ``columns``, so a range filter on the first column skips the row groups no change falls in."""
-    skip = skipping_filter(touched, columns[0])
+    by ``columns``, so on a large table a range filter on the first column skips the row groups no
+    change falls in."""
+    skip = skipping_filter(touched, columns[0]) if stored_rows >= SKIP_MIN_ROWS else None
     return restrict(snapshot if skip is None else snapshot.where(skip), touched, columns)
 
 
-def _keyed(events: DataFrame, snapshot: DataFrame, table: TableConfig) -> tuple[DataFrame, DataFrame]:
+def _keyed(events: DataFrame, snapshot: DataFrame, table: TableConfig, stored_rows: int) -> tuple[DataFrame, DataFrame]:
     """(annotated events, net delta) for a table with a primary key."""
     columns, key = list(table.columns), list(table.key or [])
     touched = events.select(*[F.col(f"`{c}`") for c in key]).distinct()
-    old = consolidate(_stored_at(snapshot, touched, key), columns)
+    old = consolidate(_stored_at(snapshot, touched, key, stored_rows), columns)
     timeline = events.unionByName(_old_events(old, columns, F.lit(1).cast("long")))
     w = Window.partitionBy(*[F.col(f"`{c}`") for c in key]).orderBy(*ORDER)
     prev_sign, prev_row = F.lag(SIGN).over(w), F.lag(ROW).over(w)
@@ -109,11 +110,12 @@ def _keyed(events: DataFrame, snapshot: DataFrame, table: TableConfig) -> tuple[
     return annotated, delta
 
 
-def _unkeyed(events: DataFrame, snapshot: DataFrame, table: TableConfig) -> tuple[DataFrame, DataFrame]:
+def _unkeyed(events: DataFrame, snapshot: DataFrame, table: TableConfig,
+             stored_rows: int) -> tuple[DataFrame, DataFrame]:
     """(annotated events, net delta) for a bag table: a tuple's net effect is the sum of its counts."""
     columns = list(table.columns)
     touched = events.select(*[F.col(f"`{c}`") for c in columns]).distinct()
-    old = consolidate(_stored_at(snapshot, touched, columns), columns)
+    old = consolidate(_stored_at(snapshot, touched, columns, stored_rows), columns)
     timeline = events.unionByName(_old_events(old, columns, F.col(COUNT_COLUMN)))
     w = Window.partitionBy(ROW).orderBy(*ORDER).rowsBetween(Window.unboundedPreceding, Window.currentRow)
     copies = F.sum(SIGN).over(w)
@@ -138,15 +140,15 @@ class NetDelta:
         self._cached.unpersist()
 
 
-def trim(name: str, table: TableConfig, log: DataFrame, snapshot: DataFrame) -> NetDelta:
+def trim(name: str, table: TableConfig, log: DataFrame, snapshot: DataFrame, stored_rows: int = 0) -> NetDelta:
     """The net delta of ``log`` (the changes in the refresh's range, in any order) against ``snapshot``
-    (the table's current layers, unconsolidated).
+    (the table's current layers, unconsolidated; ``stored_rows`` of them: a large table gets a skipping filter).
 
     Raises `ChangeDataError` naming table, commit version and row for the first change, in commit
     order, that does not apply. The check and the delta share one cached timeline (two Spark jobs).
     """
     events = _events(log, list(table.columns))
-    annotated, delta = (_keyed if table.keyed else _unkeyed)(events, snapshot, table)
+    annotated, delta = (_keyed if table.keyed else _unkeyed)(events, snapshot, table, stored_rows)
     annotated = annotated.persist(StorageLevel.MEMORY_AND_DISK)
     result = NetDelta(delta, annotated)
     try:

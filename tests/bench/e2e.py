@@ -1,0 +1,148 @@
+"""End-to-end refresh times through the ways users run ivm, so the orchestration overhead is visible
+(the benchmark issue: "end-to-end times through `ivm refresh` and through the Airflow DAG (spark-submit
+per stage)"). Not a test: figures are measured and reported, never asserted.
+
+    .venv/bin/python tests/bench/e2e.py [--sf 0.1] [--delta 0.001] [--views q3] [--out tests/bench/results/e2e]
+
+One project holding the views (built and materialized as run.py does), then per way one RF1/RF2 change
+of the same size appended and refreshed:
+
+    in-process   `Project.refresh()` in a warm Spark session (what run.py's T_inc measures)
+    ivm refresh  the CLI in a new process: Python start, Spark session start, the stages, exit
+    Airflow DAG  `airflow dags test ivm_refresh` (Airflow 3, its own AIRFLOW_HOME and SQLite database):
+                 plan, trim, one maintain task per view, validate, publish, compact and report, each a
+                 spark-submit of jobs/ivm_stage.py with ``spark_default`` at ``local[2]``
+
+with each way's refresh mode and, for the DAG, the seconds its tasks' spark-submits took.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests" / "bench"))
+
+from run import machine  # noqa: E402
+from workloads import TPCH_TABLES, TPCH_VIEWS, RefreshSets, tables_read, tpch  # noqa: E402
+
+BIN = Path(sys.executable).parent
+DAG_RUN = """
+import json, sys, time
+from airflow.dag_processing.dagbag import DagBag
+dag = DagBag(dag_folder={dags!r}).dags["ivm_refresh"]
+run = dag.test()
+print("DAG RUN", run.state)
+"""
+
+
+def build(root: Path, sf: float, views: list[str]) -> Path:
+    import yaml
+
+    from ivm import Project
+
+    names = sorted({t for v in views for t in tables_read(v)})
+    tables = {n: {**TPCH_TABLES[n], "references": {c: t for c, t in TPCH_TABLES[n].get("references", {}).items()
+                                                   if t.split(".")[0] in names}} for n in names}
+    folder = root / f"project-e2e-{'-'.join(views)}"
+    shutil.rmtree(folder, ignore_errors=True)  # the change sets start from the loaded data again
+    folder.mkdir(parents=True)
+    path = folder / "ivm.yaml"
+    path.write_text(yaml.safe_dump({
+        "warehouse": "./warehouse",
+        "spark": {"master": "local[2]", "conf": {"spark.sql.shuffle.partitions": "4", "spark.driver.memory": "4g"}},
+        "tables": tables, "views": {v: {"sql": TPCH_VIEWS[v], "validate": {"sample": 0}} for v in views}},
+        sort_keys=False))
+    project = Project.open(str(path))
+    project.apply()
+    data = tpch(sf, root)
+    for t in names:
+        project.load(t, str(data / f"{t}.parquet"))
+    project.refresh()
+    return path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sf", type=float, default=0.1)
+    ap.add_argument("--delta", type=float, default=0.001, help="fraction of the orders changed per refresh")
+    ap.add_argument("--views", default="q3", type=lambda s: s.split(","))
+    ap.add_argument("--work", default=str(REPO / ".bench"))
+    ap.add_argument("--out", default=str(REPO / "tests" / "bench" / "results" / "e2e"))
+    args = ap.parse_args()
+    root = Path(args.work)
+    root.mkdir(parents=True, exist_ok=True)
+    path = build(root, args.sf, args.views)
+
+    from ivm import Project
+
+    project = Project.open(str(path))
+    changes = RefreshSets(tpch(args.sf, root))
+    folder = root / f"changes-e2e-{'-'.join(args.views)}"
+
+    def append() -> int:
+        return sum(project.append(t, str(p)).rows for t, p in changes.make(args.delta, folder).items()
+                   if t in project.config.tables)
+
+    rows = []
+
+    def last_modes() -> str:
+        run = project.runs(1)[0]
+        return ", ".join(f"{s.relation} {s.mode}" for s in run.stages if s.stage == "maintain")
+
+    # in process, warm
+    n = append()
+    _ = project.spark
+    t0 = time.perf_counter()
+    project.refresh()
+    rows.append(("in-process `Project.refresh()` (warm Spark session)", n, time.perf_counter() - t0, last_modes(), ""))
+    # the CLI, a new process
+    n = append()
+    t0 = time.perf_counter()
+    subprocess.run([str(BIN / "ivm"), "refresh", "--project", str(path)], check=True, capture_output=True)
+    rows.append(("`ivm refresh` (new process: Python, Spark session, stages)", n, time.perf_counter() - t0,
+                 last_modes(), ""))
+    # the Airflow DAG, spark-submit per task
+    n = append()
+    home = root / "airflow-e2e"
+    shutil.rmtree(home, ignore_errors=True)
+    env = {**os.environ, "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+           "AIRFLOW__CORE__LOAD_EXAMPLES": "false", "IVM_PROJECT": str(path),
+           "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[2]"}),
+           "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "SPARK_LOCAL_IP": "127.0.0.1"}
+    subprocess.run([str(BIN / "airflow"), "db", "migrate"], env=env, check=True, capture_output=True)
+    t0 = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", DAG_RUN.format(dags=str(REPO / "dags"))], env=env,
+                          capture_output=True, text=True)
+    seconds = time.perf_counter() - t0
+    if done.returncode != 0 or "DAG RUN success" not in done.stdout:
+        raise SystemExit("\n".join((done.stdout + done.stderr).splitlines()[-40:]))
+    run = project.runs(1)[0]
+    stages = {}
+    for s in run.stages:
+        stages[s.stage] = stages.get(s.stage, 0.0) + (s.seconds or 0.0)
+    inside = ", ".join(f"{k} {v:.1f} s" for k, v in stages.items())
+    rows.append(("Airflow `ivm_refresh` DAG (`dags test`, spark-submit per task, local[2])", n, seconds,
+                 last_modes(), f"the stages' own work: {inside}"))
+    project.close()
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    lines = ["# ivm end to end: one refresh through each way of running it", "", *[f"- {m}" for m in machine()],
+             f"- TPC-H SF {args.sf:g}, views {', '.join(args.views)}, Δ {args.delta:.2%} of the orders (RF1+RF2) "
+             "per refresh; validation off", "",
+             "| way | changed rows | seconds | views | notes |", "|---|---|---|---|---|"]
+    lines += [f"| {w} | {n} | {s:.1f} | {m} | {note} |" for w, n, s, m, note in rows]
+    (out / "results.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""`--mode auto` past the crossover: a view whose measured incremental refreshes cost more than its
+measured recompute for the run's change is recomputed, with both estimates in the run's record; below
+the crossover it stays incremental; `--mode incremental` never asks. The history is the catalog's run
+stages: two earlier refreshes are recorded there with chosen times, the recompute is the real first
+materialization."""
+
+from __future__ import annotations
+
+from ivm.catalog.store import StageRecord
+from tests.spark.test_counting import _jsonl, _zset
+
+TABLES = {"t": {"columns": {"k": "int", "v": "int"}, "key": ["k"]}}
+VIEW = {"sql": "SELECT v, count(*) AS n FROM t GROUP BY v",
+        "crossover": {"min_saving_seconds": 0, "ratio": 1}}
+
+
+def _history(p, seconds_per_row: float) -> None:
+    """Two succeeded refreshes of the view, 1 and 3 changed rows, at ``seconds_per_row``."""
+    for n, rows in enumerate([1, 3]):
+        run = f"measured-{seconds_per_row}-{n}"
+        p.catalog.start_run(run, "refresh")
+        p.catalog.save_stage(run, StageRecord("maintain", "v", mode="incremental", rows_in=rows,
+                                              seconds=rows * seconds_per_row))
+        p.catalog.finish_run(run, "succeeded")
+
+
+def _change(p, tmp_path, n: int, rows: list[tuple]) -> None:
+    p.append("t", _jsonl(tmp_path / f"c{n}.jsonl", ["k", "v"], rows, ["insert"] * len(rows)))
+
+
+def test_auto_recomputes_past_the_crossover_and_records_both_estimates(make_project, tmp_path, capsys):
+    p = make_project(TABLES, views={"v": VIEW})
+    p.load("t", _jsonl(tmp_path / "t.jsonl", ["k", "v"], [(k, k % 3) for k in range(20)]))
+    first = p.refresh()
+    assert first.views[0].mode == "full"
+    full_s = p.catalog.maintain_history("v")[0][2]
+
+    _history(p, seconds_per_row=1000.0)  # incremental: 1,000 s per changed row, far past the recompute
+    _change(p, tmp_path, 1, [(100, 1), (101, 2)])
+    result = p.refresh()
+    [work] = result.views
+    assert work.mode == "full" and work.reason.startswith("auto: estimated 2000.0 s incremental for 2 changed rows")
+    stage = next(s for s in p.runs(1)[0].stages if s.stage == "maintain")
+    est = stage.detail["choice"]["crossover"]
+    assert est["full"] and est["incremental_s"] == 2000.0 and est["full_s"] == round(full_s, 3)
+    assert est["points"] == 2
+    assert _zset(p.read_zset("v").collect()) == {(0, 7): 1, (1, 8): 1, (2, 7): 1}
+
+    # `ivm runs` shows the estimates
+    from tests.spark.test_cli import run
+    code, out, _ = run(capsys, "runs", "--limit", "1", "--project", str(tmp_path / "project" / "ivm.yaml"))
+    assert code == 0 and "v full" in out and "(auto: est. 2000.0s inc" in out
+
+    # --mode incremental does not ask the crossover
+    _change(p, tmp_path, 2, [(102, 0)])
+    assert p.refresh(mode="incremental").views[0].mode == "incremental"
+
+
+def test_auto_stays_incremental_below_the_crossover(make_project, tmp_path):
+    p = make_project(TABLES, views={"v": VIEW})
+    p.load("t", _jsonl(tmp_path / "t.jsonl", ["k", "v"], [(k, k % 3) for k in range(20)]))
+    p.refresh()
+    _history(p, seconds_per_row=0.0001)
+    _change(p, tmp_path, 1, [(100, 1)])
+    [work] = p.refresh().views
+    assert work.mode == "incremental"
+    est = next(s for s in p.runs(1)[0].stages if s.stage == "maintain").detail["choice"]["crossover"]
+    assert not est["full"] and est["incremental_s"] < est["full_s"]
+    assert _zset(p.read_zset("v").collect()) == {(0, 7): 1, (1, 8): 1, (2, 6): 1}
