@@ -141,7 +141,8 @@ def _read(c: Counting, sc: Shortcut, state: str, keys: DataFrame) -> DataFrame |
     columns = sc.columns
     if sc not in c.shortcut_keys:
         if len(columns) == 1:
-            values = [r[0] for r in keys.limit(READ_LIMIT + 1).collect()]
+            # (a NULL key joins nothing: the rules here join with =)
+            values = [r[0] for r in keys.where(F.col(_q(columns[0])).isNotNull()).limit(READ_LIMIT + 1).collect()]
             c.shortcut_keys[sc] = values if len(values) <= READ_LIMIT else None
         else:
             c.shortcut_keys[sc] = [] if not keys.limit(1).collect() else None
