@@ -42,7 +42,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "bench"))
 
-from run import SparkCounters, machine  # noqa: E402
+from run import DRIVER_MEMORY, SparkCounters, machine  # noqa: E402
 
 ELEMENT = pa.struct([("b", pa.int32()), ("c", pa.int32())])
 TABLES = {
@@ -93,7 +93,8 @@ def build(form: str, size: int, args, root: Path):
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     (folder / "ivm.yaml").write_text(yaml.safe_dump({
-        "warehouse": "./warehouse", "spark": {"master": "local[2]", "conf": {"spark.sql.shuffle.partitions": "4"}},
+        "warehouse": "./warehouse", "spark": {"master": "local[2]", "conf": {"spark.sql.shuffle.partitions": "4",
+                                                                              "spark.driver.memory": DRIVER_MEMORY}},
         "tables": TABLES[form], "views": {"nest": {"sql": VIEWS[form], "validate": {"sample": 0}}}}, sort_keys=False))
     project = Project.open(str(folder / "ivm.yaml"))
     project.apply()

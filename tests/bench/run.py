@@ -34,6 +34,7 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
+DRIVER_MEMORY = "4g"
 sys.path.insert(0, str(REPO / "tests" / "bench"))
 
 from workloads import (  # noqa: E402
@@ -94,10 +95,10 @@ def project_for(view: str, root: Path, sf: float, edges: int):
     folder = root / f"project-{view.replace('@', '-')}"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "ivm.yaml").write_text(yaml.safe_dump({
-        # 4 GiB for the local driver (it is the executor too): Spark's default 1 GiB ran out of heap in a
-        # hash aggregate of SF 1's full recompute
+        # the local driver is the executor too: Spark's default 1 GiB ran out of heap in a hash aggregate of
+        # SF 1's full recompute (--driver-memory, 4g by default)
         "warehouse": "./warehouse", "spark": {"master": "local[2]", "conf": {"spark.sql.shuffle.partitions": "4",
-                                                                              "spark.driver.memory": "4g"}},
+                                                                              "spark.driver.memory": DRIVER_MEMORY}},
         "tables": tables, "views": {name: spec}}, sort_keys=False))
     project = Project.open(str(folder / "ivm.yaml"))
     project.apply()
@@ -164,7 +165,7 @@ def machine() -> list[str]:
         pass
     return [f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC", f"{platform.node()}: {os.cpu_count()} cores{mem}, "
             f"{platform.system()} {platform.release()}", f"Python {platform.python_version()}, "
-            f"PySpark {pyspark.__version__}, local[2] (4 GiB driver), 4 shuffle partitions"]
+            f"PySpark {pyspark.__version__}, local[2] ({DRIVER_MEMORY} driver memory), 4 shuffle partitions"]
 
 
 def report(figures: list[Figure], args, out: Path) -> None:
@@ -248,17 +249,20 @@ def chart(by: dict, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global DRIVER_MEMORY
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sf", type=float, default=0.1, help="TPC-H scale factor (0.1 quick, 1 and 10 for figures)")
     ap.add_argument("--deltas", default="0.0001,0.001,0.01,0.1",
                     type=lambda s: [float(x) for x in s.split(",")], help="fractions of the orders / edges")
     ap.add_argument("--edges", type=int, default=100_000, help="edges of the closure's graph")
+    ap.add_argument("--driver-memory", default=DRIVER_MEMORY, help="spark.driver.memory of the local session")
     ap.add_argument("--no-auto", dest="auto", action="store_false",
                     help="skip the --mode auto refresh after each Δ's incremental and full ones")
     ap.add_argument("--views", default="q1,q3,q5,reach,nations@counting,nations@reduce,order_nations@counting,order_nations@reduce", type=lambda s: s.split(","))
     ap.add_argument("--work", default=str(REPO / ".bench"), help="data, projects and warehouses (reused data)")
     ap.add_argument("--out", default=str(REPO / "tests" / "bench" / "results"))
     args = ap.parse_args(argv)
+    DRIVER_MEMORY = args.driver_memory  # (project_for and machine read it)
     root = Path(args.work)
     root.mkdir(parents=True, exist_ok=True)
     figures = []
