@@ -636,7 +636,7 @@ class _Maintenance:
                 f" ({', '.join(f'{k} {n}' for k, n in outcome.detail.items())})" if outcome.detail else "")
             how += "".join(f"; {n}" for n in outcome.notes)
         elif work.mode == "incremental":
-            probed = dict(counting.probes)
+            probed, shortcuts = dict(counting.probes), sum(counting.shortcuts.values())
             for pred in view_predicates(program, strata, work.view):
                 counting.maintain(pred)
             own = self.written.get(work.view)
@@ -652,6 +652,10 @@ class _Maintenance:
                 if e in counting.extraction_rows:  # 002 §2.2: only the elements that changed
                     work.detail[f"Δ{e} elements"] = counting.extraction_rows[e]
                     how += f"; Δ{e}: {counting.extraction_rows[e]} changed elements"
+            taken = sum(counting.shortcuts.values()) - shortcuts
+            if taken:  # keyed lookups and foreign keys (ivm.maintain.references)
+                work.detail["subgoals from deltas"] = taken
+                how += f"; {taken} delta-rule subgoals taken from the deltas (keyed lookups, foreign keys)"
             ids = sum(counting.probes.values()) - sum(probed.values())
             if ids:  # 002 §4.3: collection changes reached their owners through the owner indexes
                 work.detail["probed collection ids"] = ids

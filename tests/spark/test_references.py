@@ -199,8 +199,12 @@ def test_rf_refresh_reads_no_lineitem_while_maintaining(make_project, tmp_path, 
     with metrics.measure("maintain") as m:
         refresh.maintain_stage(p, plan.run_id)
     refresh.validate_stage(p, plan.run_id)
-    refresh.publish_stage(p, plan.run_id)
+    result = refresh.publish_stage(p, plan.run_id)
     check(p, state)
+    # Δorders: lineitem by the foreign key, customer by key; Δlineitem: orders by key (in revenue and
+    # pri_segs; lines: lineitem and orders only)
+    assert {w.view: w.detail.get("subgoals from deltas") for w in result.views} == \
+        {"revenue": 3, "lines": 2, "pri_segs": 3}
     assert m.jobs > 0
     # lineitem holds 3,000 rows: reading it would show here (what is read: the deltas, customer, the
     # GROUP BY state at the changed orders (one row per order), the set view's counts)
