@@ -242,8 +242,10 @@ def _plan_views(project: Project, p: Plan, wanted: list[str] | None, mode: str,
         estimate = None
         if reason is None and inputs and mode == "auto" and configured == "auto" and crossover.enabled:
             # the crossover (ivm.maintain.crossover): a full recompute when the measured costs say so
-            estimate = crossover_estimate(project.catalog.maintain_history(view), int(sum(
-                change_rows[t] for t in inputs)), crossover)
+            fulls = project.catalog.maintain_history(view, "full", 1)
+            estimate = crossover_estimate(project.catalog.maintain_history(view, "incremental", crossover.history),
+                                          fulls[0][1] if fulls else None, int(sum(change_rows[t] for t in inputs)),
+                                          crossover)
             if estimate.full:
                 reason = f"auto: {estimate.why}"
         recursive = algorithm(program, strata, view).startswith("DRed")

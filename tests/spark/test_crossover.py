@@ -33,7 +33,7 @@ def test_auto_recomputes_past_the_crossover_and_records_both_estimates(make_proj
     p.load("t", _jsonl(tmp_path / "t.jsonl", ["k", "v"], [(k, k % 3) for k in range(20)]))
     first = p.refresh()
     assert first.views[0].mode == "full"
-    full_s = p.catalog.maintain_history("v")[0][2]
+    full_s = p.catalog.maintain_history("v", "full", 1)[0][1]
 
     _history(p, seconds_per_row=1000.0)  # incremental: 1,000 s per changed row, far past the recompute
     _change(p, tmp_path, 1, [(100, 1), (101, 2)])

@@ -151,3 +151,21 @@ def test_unreachable_catalog_is_one_line():
     with pytest.raises(CatalogError, match="unreachable") as e:
         Catalog.open("postgresql+psycopg2://ivm:secret@127.0.0.1:1/none")
     assert "secret" not in str(e.value) and "\n" not in str(e.value)
+
+
+def test_maintain_history_newest_first_per_mode_from_succeeded_runs(catalog):
+    """`--mode auto`'s measurements: the newest recompute however many refreshes came after it, and
+    no stage of a failed run."""
+    def run(name, mode, rows, seconds, status="succeeded"):
+        catalog.start_run(name, "refresh")
+        catalog.save_stage(name, StageRecord("maintain", "v", mode=mode, rows_in=rows, seconds=seconds))
+        catalog.finish_run(name, status)
+
+    run("r0", "full", 0, 5.0)
+    run("r1", "full", 0, 30.0)
+    for n in range(60):
+        run(f"i{n}", "incremental", n, float(n))
+    run("bad", "incremental", 99, 99.0, status="failed")
+    assert catalog.maintain_history("v", "full", 1) == [(0, 30.0)]
+    assert catalog.maintain_history("v", "incremental", 2) == [(59, 59.0), (58, 58.0)]
+    assert catalog.maintain_history("w", "full", 1) == []

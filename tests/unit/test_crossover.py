@@ -21,20 +21,20 @@ def test_fit_of_one_size_is_the_mean_and_a_negative_intercept_goes_through_the_o
 
 
 def test_full_recompute_past_the_crossover_only():
-    history = [("incremental", 1_000, 3.0), ("incremental", 100_000, 21.0), ("full", 0, 12.0)]
-    small = estimate(history, 2_000, CrossoverSettings())
+    history = [(1_000, 3.0), (100_000, 21.0)]
+    small = estimate(history, 12.0, 2_000, CrossoverSettings())
     assert not small.full and small.incremental_s == pytest.approx(3.18, abs=0.01) and small.full_s == 12.0
-    large = estimate(history, 500_000, CrossoverSettings())
+    large = estimate(history, 12.0, 500_000, CrossoverSettings())
     assert large.full and large.incremental_s == pytest.approx(93.73, abs=0.01)
     assert "the recompute is cheaper" in large.why
     # a saving below min_saving_seconds keeps it incremental
-    assert not estimate(history, 60_000, CrossoverSettings(min_saving_seconds=5)).full  # 13.8 s vs 12 s
+    assert not estimate(history, 12.0, 60_000, CrossoverSettings(min_saving_seconds=5)).full  # 13.8 s vs 12 s
 
 
-def test_newest_full_recompute_counts_and_missing_measurements_stay_incremental():
-    history = [("full", 0, 30.0), ("incremental", 10, 34.0), ("full", 0, 5.0)]  # 4 s saved at most
-    e = estimate(history, 10, CrossoverSettings())
-    assert e.full_s == 30.0 and not e.full
-    assert estimate([("full", 0, 1.0)], 10, CrossoverSettings()).why == "no measurement of an incremental refresh yet"
-    assert estimate([("incremental", 1, 100.0)], 10, CrossoverSettings()).why == \
-        "no measurement of a full recompute yet"
+def test_the_history_setting_bounds_the_points_and_missing_measurements_stay_incremental():
+    # the newest point alone (history 1): 10 rows in 34 s, against 30 s full: 4 s saved at most
+    e = estimate([(10, 34.0), (10, 500.0)], 30.0, 10, CrossoverSettings(history=1))
+    assert e.points == 1 and e.incremental_s == 34.0 and not e.full
+    assert estimate([], 1.0, 10, CrossoverSettings()).why == "no measurement of an incremental refresh yet"
+    assert estimate([(1, 100.0)], None, 10, CrossoverSettings()).why == "no measurement of a full recompute yet"
+

@@ -358,15 +358,16 @@ class Catalog:
                 q = q.where(Run.kind == kind)
             return list(s.scalars(q))
 
-    def maintain_history(self, relation: str, limit: int = 50) -> list[tuple[str, int, float]]:
-        """(mode, rows in, seconds) of the relation's maintain stages in succeeded runs, newest first:
-        the measured costs `--mode auto` estimates from (ivm.maintain.crossover)."""
+    def maintain_history(self, relation: str, mode: str, limit: int) -> list[tuple[int, float]]:
+        """(rows in, seconds) of the relation's newest ``limit`` maintain stages in ``mode`` (incremental
+        or full) in succeeded runs, newest first: the measured costs `--mode auto` estimates from
+        (ivm.maintain.crossover)."""
         with self.session() as s:
-            q = (select(RunStage.mode, RunStage.rows_in, RunStage.seconds).join(Run, Run.id == RunStage.run_id)
+            q = (select(RunStage.rows_in, RunStage.seconds).join(Run, Run.id == RunStage.run_id)
                  .where(RunStage.stage == "maintain", RunStage.relation == relation, Run.status == "succeeded",
-                        RunStage.mode.in_(("incremental", "full")), RunStage.seconds.is_not(None))
+                        RunStage.mode == mode, RunStage.seconds.is_not(None))
                  .order_by(Run.started_at.desc(), RunStage.id.desc()).limit(limit))
-            return [(m, int(r or 0), float(sec)) for m, r, sec in s.execute(q)]
+            return [(int(r or 0), float(sec)) for r, sec in s.execute(q)]
 
     def run(self, run_id: str) -> Run | None:
         with self.session() as s:

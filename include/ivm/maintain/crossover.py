@@ -48,11 +48,11 @@ def fit(points: list[tuple[int, float]]) -> tuple[float, float]:
     return a, b
 
 
-def estimate(history: list[tuple[str, int, float]], change_rows: int, settings: CrossoverSettings) -> Estimate:
-    """``history``: (mode, rows in, seconds) of the view's maintain stages, newest first."""
-    points = [(rows, s) for mode, rows, s in history if mode == "incremental"][:settings.history]
-    fulls = [s for mode, _, s in history if mode == "full"]
-    full_s = fulls[0] if fulls else None
+def estimate(points: list[tuple[int, float]], full_s: float | None, change_rows: int,
+             settings: CrossoverSettings) -> Estimate:
+    """``points``: (rows in, seconds) of the view's newest incremental maintain stages; ``full_s``: its
+    newest recompute's seconds (None: none measured)."""
+    points = points[:settings.history]
     inc_s = None
     if points:
         a, b = fit(points)
