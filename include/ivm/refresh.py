@@ -24,10 +24,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from pyspark.sql import functions as F
+from pyspark.util import inheritable_thread_target
 
 from ivm.catalog.store import LayerRef, PublishChange, StageRecord, aware
 from ivm.changes.ingest import read_log
@@ -51,6 +53,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Progress = Callable[[str], None]
+#: tables trimmed at once (each a few small Spark jobs; beyond a handful they only queue)
+TRIM_THREADS = 4
 MODES = ("auto", "incremental", "full")
 
 
@@ -420,29 +424,34 @@ def replay_delta(project: Project, p: Plan, item: TableDelta) -> TableDelta:
     return item
 
 
-def trim_table(project: Project, run_id: str, item: TableDelta) -> TableDelta:
-    """Stage 2 for one table: read its log range, check it against the snapshot, write the net delta."""
+def trim_table(project: Project, run_id: str, item: TableDelta) -> Callable[[], TableDelta]:
+    """Stage 2 for one table: read its log range, check it against the snapshot, write the net delta.
+    The catalog is read here (log segments, the table's layers); the Spark work is the returned
+    function, which the stage runs beside the other tables'."""
     started = time.perf_counter()
     name, table = item.table, project.config.tables[item.table]
     # read under the lease: a late commit that landed since the plan is part of this range too
     segments = project.catalog.segments(name, item.from_version, item.to_version)
     item.log_rows = sum(s.rows for s in segments)
-    changes = read_log(project.spark, table, segments, item.from_version, item.to_version)
-    state = project.catalog.state(name)
-    current = project.warehouse.read_layers(project.spark, [x.path for x in state.layers], project.schema(name))
-    net = trim(name, table, changes, current, sum(x.rows or 0 for x in state.layers))
-    try:
-        layer = project.warehouse.write_layer(net.delta, name, "delta", run_id=run_id)
-    finally:
-        net.release()
-    if layer.rows == 0:  # every change cancelled out: advance the watermark, keep no empty layer
-        project.warehouse.delete(layer.path)
-        layer = None
-    item.layer, item.delta_rows = layer, layer.rows if layer else 0
-    item.seconds = time.perf_counter() - started
-    return item
+    layers = project.catalog.state(name).layers
+    schema, spark = project.schema(name), project.spark
 
+    def run() -> TableDelta:
+        changes = read_log(spark, table, segments, item.from_version, item.to_version)
+        current = project.warehouse.read_layers(spark, [x.path for x in layers], schema)
+        net = trim(name, table, changes, current, sum(x.rows or 0 for x in layers))
+        try:
+            layer = project.warehouse.write_layer(net.delta, name, "delta", run_id=run_id)
+        finally:
+            net.release()
+        if layer.rows == 0:  # every change cancelled out: advance the watermark, keep no empty layer
+            project.warehouse.delete(layer.path)
+            layer = None
+        item.layer, item.delta_rows = layer, layer.rows if layer else 0
+        item.seconds = time.perf_counter() - started
+        return item
 
+    return run
 
 
 # -- the run's record: what each stage staged, so the next stage (another process) can go on ------------
@@ -544,13 +553,21 @@ def old_paths(project: Project, p: Plan, name: str) -> list[str]:
 
 def trim_stage(project: Project, run_id: str, progress: Progress = lambda _: None) -> list[TableDelta]:
     """Stage 2: every planned table's net delta, staged as its delta layer (written under a name fixed by
-    the run and table, so a retried stage overwrites its own output)."""
+    the run and table, so a retried stage overwrites its own output).
+
+    The tables are trimmed side by side (TRIM_THREADS threads submitting Spark jobs at once): a trim is
+    a handful of small jobs and driver-side planning, which alone leave the executors idle. The first
+    failure in plan order is raised once every trim has ended; nothing is recorded then."""
     p, _ = load_plan(project, run_id)
-    for item in p.tables:
-        if p.replay:
-            replay_delta(project, p, item)
-        else:
-            trim_table(project, run_id, item)
+    if p.replay:
+        done = [replay_delta(project, p, item) for item in p.tables]
+    else:
+        runs = [inheritable_thread_target(trim_table(project, run_id, item)) for item in p.tables]
+        with ThreadPoolExecutor(max_workers=TRIM_THREADS, thread_name_prefix="ivm-trim") as pool:
+            futures = [pool.submit(run) for run in runs]
+            wait(futures)
+        done = [f.result() for f in futures]
+    for item in done:
         project.catalog.save_stage(run_id, StageRecord(
             "trim", item.table, mode="incremental", rows_in=item.log_rows, delta_rows=item.delta_rows,
             seconds=round(item.seconds, 3), status="staged",

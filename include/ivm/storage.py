@@ -175,6 +175,20 @@ class Scratch:
         rows, size = self.warehouse.parquet_stats(path)
         return path, rows or 0, size or 0
 
+    def put_signed(self, name: str, df: DataFrame) -> dict[int, tuple[str, int, int]]:
+        """Write a Z-set's negative and positive tuples apart in one job (partitioned by the sign of
+        ``__count``, which the parts do not keep): sign -> (path, rows, bytes) of its part (rows 0 and no
+        files when it has none)."""
+        path = self.warehouse.path("staging", self.run_id, name)
+        parts = df.where(F.col(COUNT_COLUMN) != 0).withColumn("__sign", F.signum(COUNT_COLUMN).cast("int"))
+        parts.drop(COUNT_COLUMN).write.mode("overwrite").partitionBy("__sign").parquet(path)
+        out = {}
+        for sign in (-1, 1):
+            part = f"{path}/__sign={sign}"
+            rows, size = self.warehouse.parquet_stats(part) if self.warehouse.exists(part) else (0, 0)
+            out[sign] = (part, rows or 0, size or 0)
+        return out
+
     def read(self, paths: Sequence[str], schema: StructType) -> DataFrame:
         """Several written results as one scan (``schema``: their columns, ``__count`` included)."""
         if not paths:

@@ -12,7 +12,7 @@ import decimal
 from collections.abc import Sequence
 from functools import reduce
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from ivm.config import COUNT_COLUMN
@@ -51,35 +51,47 @@ def restrict(df: DataFrame, keys: DataFrame, columns: Sequence[str]) -> DataFram
     return df.join(renamed, cond, "left_semi")
 
 
-#: ranges a skipping filter cuts the keys into, and the most keys it collects (beyond: no filter)
+#: ranges a skipping filter cuts the keys into, and the most keys it collects to cut them on the driver
+#: (beyond: Spark cuts them, two more small jobs)
 SKIP_RANGES = 16
 SKIP_KEYS = 100_000
 #: stored rows below which a skipping filter is not worth its job (a row group holds ~10⁵-10⁶ rows)
 SKIP_MIN_ROWS = 1_000_000
 
 
-def skipping_filter(keys: DataFrame, column: str) -> Column | None:
+def skipping_filter(keys: DataFrame, column: str) -> Column:
     """A filter on ``column`` the Parquet reader evaluates against row-group and page statistics: the
     keys' distinct values, sorted, cut into at most SKIP_RANGES ranges at their widest gaps (numbers and
     dates; other types in equal runs). A relation whose layers are sorted by ``column`` (base layers
     are sorted by their key) then skips the row groups no key falls in, where a semi-join would read
-    them all; new keys past the largest and deleted old ones are two ranges. One small job; None
-    when there are more than SKIP_KEYS keys (no filter). A NULL key keeps the NULL rows."""
+    them all; new keys past the largest and deleted old ones are two ranges. One small job while there
+    are at most SKIP_KEYS keys (cut here); beyond, Spark cuts them (`spark_key_ranges`), so a large
+    change still skips what it does not touch. A NULL key keeps the NULL rows."""
     c = F.col(f"`{column}`")
     values = [r[0] for r in keys.select(c.alias("k")).distinct().limit(SKIP_KEYS + 2).collect()]
     if len(values) > SKIP_KEYS + 1:
-        return None
+        return spark_key_ranges(keys, column)
     ranges = key_ranges(sorted(v for v in values if v is not None), column)  # (sorted here: no sort job)
     return ranges | c.isNull() if None in values else ranges  # restrict's semi-join is null-safe
+
+
+def _gapped(value) -> bool:
+    """Whether keys of this type are cut at their widest gaps (else in equal runs)."""
+    return isinstance(value, int | float | decimal.Decimal | datetime.date)
+
+
+def _between(column: str, bounds: Sequence[tuple]) -> Column:
+    """``column`` within any of the (low, high) ``bounds`` (none: nothing passes)."""
+    c = F.col(f"`{column}`")
+    return reduce(lambda a, b: a | b, [c.between(F.lit(lo), F.lit(hi)) for lo, hi in bounds], F.lit(False))
 
 
 def key_ranges(values: list, column: str) -> Column:
     """`skipping_filter`'s ranges over sorted, distinct, non-NULL ``values`` (none: nothing passes)."""
     if not values:
         return F.lit(False)
-    c = F.col(f"`{column}`")
     cuts: list[int]
-    if isinstance(values[0], int | float | decimal.Decimal | datetime.date):
+    if _gapped(values[0]):
         def gap(a, b):
             return (b - a).days if isinstance(a, datetime.date) else b - a
         widest = sorted(range(1, len(values)), key=lambda i: gap(values[i - 1], values[i]), reverse=True)
@@ -88,8 +100,33 @@ def key_ranges(values: list, column: str) -> Column:
         step = max(1, -(-len(values) // SKIP_RANGES))
         cuts = list(range(step, len(values), step))
     bounds = [0, *cuts, len(values)]
-    ranges = [c.between(F.lit(values[a]), F.lit(values[b - 1])) for a, b in zip(bounds, bounds[1:], strict=False)]
-    return reduce(lambda a, b: a | b, ranges)
+    return _between(column, [(values[a], values[b - 1]) for a, b in zip(bounds, bounds[1:], strict=False)])
+
+
+def spark_key_ranges(keys: DataFrame, column: str) -> Column:
+    """`key_ranges` of the distinct keys, cut by Spark (two small jobs, SKIP_RANGES rows to the driver):
+    the SKIP_RANGES - 1 widest gaps between consecutive keys (numbers and dates), or equal runs by
+    ``ntile`` (other types). The keys are sorted in one partition (a window over the whole order): they
+    are a change's keys, not a table's."""
+    c, k = F.col(f"`{column}`"), F.col("k")
+    ends = keys.agg(F.min(c).alias("lo"), F.max(c).alias("hi"), F.max(c.isNull().cast("int")).alias("nulls")).first()
+    if ends["lo"] is None:
+        return c.isNull() if ends["nulls"] else F.lit(False)
+    distinct = keys.select(c.alias("k")).where(k.isNotNull()).distinct()
+    order = Window.orderBy(k)
+    if _gapped(ends["lo"]):
+        prev = F.lag(k).over(order)
+        gap = F.datediff(k, prev) if isinstance(ends["lo"], datetime.date) else k - prev
+        cuts = sorted((r["prev"], r["k"]) for r in distinct.select(k, prev.alias("prev"), gap.alias("gap"))
+                      .where(F.col("prev").isNotNull()).orderBy(F.col("gap").desc()).limit(SKIP_RANGES - 1).collect())
+        starts, stops = [ends["lo"], *[b for _, b in cuts]], [*[a for a, _ in cuts], ends["hi"]]
+        bounds = list(zip(starts, stops, strict=True))
+    else:
+        runs = distinct.select(k, F.ntile(SKIP_RANGES).over(order).alias("run")).groupBy("run").agg(
+            F.min(k).alias("lo"), F.max(k).alias("hi"))
+        bounds = sorted((r["lo"], r["hi"]) for r in runs.collect())
+    ranges = _between(column, bounds)
+    return ranges | c.isNull() if ends["nulls"] else ranges
 
 
 def anti_join(left: DataFrame, right: DataFrame, null_safe: bool) -> DataFrame:

@@ -211,12 +211,16 @@ def test_rf_refresh_reads_no_lineitem_while_maintaining(make_project, tmp_path, 
     assert m.rows_read < 1000, m
 
 
-def test_skipping_filter_cuts_the_keys_at_their_widest_gaps(spark, monkeypatch):
+@pytest.mark.parametrize("cut_by", ["driver", "spark"])
+def test_skipping_filter_cuts_the_keys_at_their_widest_gaps(spark, monkeypatch, cut_by):
     """The ranges the trim and the shortcuts' reads give the Parquet reader: never a key lost (NULLs
-    included), and cut where the keys are farthest apart."""
+    included), and cut where the keys are farthest apart; the same whether the keys are few enough to
+    cut on the driver or Spark cuts them (more than SKIP_KEYS)."""
     from ivm import zset
 
     monkeypatch.setattr(zset, "SKIP_RANGES", 2)
+    if cut_by == "spark":
+        monkeypatch.setattr(zset, "SKIP_KEYS", 0)
     rows = spark.range(0, 6000).selectExpr("CAST(id AS INT) AS k")
     keys = spark.createDataFrame([(1,), (3,), (2,), (100,), (101,), (5000,)], "k int")
     kept = rows.where(zset.skipping_filter(keys, "k"))
@@ -228,3 +232,7 @@ def test_skipping_filter_cuts_the_keys_at_their_widest_gaps(spark, monkeypatch):
     words = spark.createDataFrame([(w,) for w in "abcdefgh"], "k string")
     assert words.where(zset.skipping_filter(spark.createDataFrame([("b",), ("g",)], "k string"), "k")).count() == 2
     assert rows.where(zset.skipping_filter(keys.where("k < 0"), "k")).count() == 0
+    days = rows.selectExpr("date_add(DATE'2020-01-01', k) AS d")
+    picked = spark.createDataFrame([("2020-01-02",), ("2020-01-05",), ("2020-03-01",)], "d string").selectExpr(
+        "CAST(d AS DATE) AS d")
+    assert days.where(zset.skipping_filter(picked, "d")).count() == 5  # Jan 2..5 and Mar 1

@@ -203,6 +203,8 @@ class Counting:
         self.shortcuts: dict[str, int] = {}
         #: the keys each shortcut reads from storage in this run (None: too many, a semi-join)
         self.shortcut_keys: dict[object, list | None] = {}
+        #: ... and, where there were too many for an IN list, the ranges they fall in
+        self.shortcut_ranges: dict[object, object] = {}
 
     # -- states of a subgoal's predicate ---------------------------------------------------------------
 

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from ivm.config import COUNT_COLUMN
 from ivm.ir import BodyItem, Expr, GroupBy, Literal, Program, Rule, SetOf
@@ -194,11 +195,11 @@ class DRed:
                     change = change if item.negated else _negate(change)
                 else:  # Algorithm 6.1 / setof: -1 for a group's old tuple, +1 for its new one
                     change = self.c.subgoal(pred, r, j, item, DELTA)
-                self._changes[key] = {}
-                for s, name in ((-1, "del"), (1, "add")):
-                    part = change.where(F.col(C) * s > 0).withColumn(C, F.lit(1).cast("long"))
-                    path, rows, _ = self.c.states.scratch.put(f"{pred}__dred_{name}{r}_{j}", part)
-                    self._changes[key][s] = self.c.states.scratch.read([path], part.schema) if rows else None
+                # Del and Add written in one job, apart; each read back with count 1
+                parts = self.c.states.scratch.put_signed(f"{pred}__dred_change{r}_{j}", change)
+                schema = StructType([f for f in change.schema.fields if f.name != C])
+                self._changes[key] = {s: self.c.states.scratch.read([path], schema).withColumn(C, F.lit(1).cast("long"))
+                                      if rows else None for s, (path, rows, _) in parts.items()}
             if self._changes[key][sign] is not None:
                 out[j] = self._changes[key][sign]
         return out
@@ -315,7 +316,9 @@ class DRed:
         gone = {}
         for p in self.preds:
             paths = []
-            if deleted.rows[p] > rederived.rows[p]:
+            if not rederived.rows[p]:  # nothing rederived: what step 1 deleted is gone, as written
+                paths = deleted.paths[p]
+            elif deleted.rows[p] > rederived.rows[p]:
                 paths = [self.c.states.scratch.put(f"{p}__dred_gone",
                                                   anti_join(deleted.all(p), rederived.all(p), null_safe=True))[0]]
             gone[p] = self.c.states.scratch.read(paths, self.schemas[p])

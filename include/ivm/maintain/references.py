@@ -38,7 +38,7 @@ from pyspark.sql import functions as F
 from ivm.config import COUNT_COLUMN
 from ivm.ir import Literal, Program, Var
 from ivm.maintain.delta_rules import DELTA, OLD, DeltaRule
-from ivm.zset import key_ranges, restrict, union_all
+from ivm.zset import key_ranges, restrict, skipping_filter, union_all
 
 if TYPE_CHECKING:
     from ivm.maintain.counting import Counting
@@ -136,8 +136,8 @@ def _at(delta: DataFrame, state: str) -> DataFrame:
 def _read(c: Counting, sc: Shortcut, state: str, keys: DataFrame) -> DataFrame | None:
     """The table at ``state`` restricted to ``keys`` (a small plan over deltas, named like the
     shortcut's columns): an IN filter on one column when there are few (the Parquet reader skips row
-    groups by their statistics; base layers are sorted by key), else a semi-join; None when there are
-    none. The keys are found once per run (one small job), whichever views' rules need them."""
+    groups by their statistics; base layers are sorted by key), else a semi-join behind the keys'
+    ranges (`zset.skipping_filter`); None when there are none. The keys are found once per run (one small job), whichever views' rules need them."""
     columns = sc.columns
     if sc not in c.shortcut_keys:
         if len(columns) == 1:
@@ -147,11 +147,13 @@ def _read(c: Counting, sc: Shortcut, state: str, keys: DataFrame) -> DataFrame |
         else:
             c.shortcut_keys[sc] = [] if not keys.limit(1).collect() else None
         found = c.shortcut_keys[sc]
+        if found is None:  # many keys: the ranges they fall in, for the Parquet reader (once per run)
+            c.shortcut_ranges[sc] = skipping_filter(keys, columns[0])
         log.info("%s: %s keys to read", sc, f"over {READ_LIMIT}" if found is None else len(found))
     found = c.shortcut_keys[sc]
     rows = c.joined(sc.table, state)
-    if found is None:
-        return restrict(rows, keys, columns)
+    if found is None:  # many keys: a semi-join behind their ranges
+        return restrict(rows.where(c.shortcut_ranges[sc]), keys, columns)
     if not found:
         return None
     # the IN list for the join, the ranges for the Parquet reader (which turns a long IN list into one
