@@ -562,7 +562,7 @@ def trim_stage(project: Project, run_id: str, progress: Progress = lambda _: Non
     if p.replay:
         done = [replay_delta(project, p, item) for item in p.tables]
     else:
-        runs = [inheritable_thread_target(trim_table(project, run_id, item)) for item in p.tables]
+        runs = [inheritable_thread_target(project.spark)(trim_table(project, run_id, item)) for item in p.tables]
         with ThreadPoolExecutor(max_workers=TRIM_THREADS, thread_name_prefix="ivm-trim") as pool:
             futures = [pool.submit(run) for run in runs]
             wait(futures)
