@@ -126,8 +126,9 @@ def main() -> None:
         raise SystemExit("\n".join((done.stdout + done.stderr).splitlines()[-40:]))
     run = project.runs(1)[0]
     stages = {}
-    for s in run.stages:
-        stages[s.stage] = stages.get(s.stage, 0.0) + (s.seconds or 0.0)
+    for s in run.stages:  # the tables are trimmed side by side: the trim took its longest table's time
+        both = (stages.get(s.stage, 0.0), s.seconds or 0.0)
+        stages[s.stage] = max(both) if s.stage == "trim" else sum(both)
     inside = ", ".join(f"{k} {v:.1f} s" for k, v in stages.items())
     rows.append(("Airflow `ivm_refresh` DAG (`dags test`, spark-submit per task, local[2])", n, seconds,
                  last_modes(), f"the stages' own work: {inside}"))
