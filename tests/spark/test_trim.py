@@ -223,6 +223,24 @@ def test_bag_net_delta_equals_in_order_application(spark, case):
     assert applied(state, delta) == expected
 
 
+def test_ranges_cut_by_spark_lose_no_stored_row(spark, monkeypatch):
+    """Beyond SKIP_KEYS keys the skipping filter's ranges are cut by Spark: the stored rows the changes
+    touch (one at each end, one in the middle, a NULL tuple of a bag) are all still found."""
+    from ivm import zset
+
+    monkeypatch.setattr(zset, "SKIP_KEYS", 0)
+    monkeypatch.setattr(zset, "SKIP_RANGES", 2)
+    state = {k: f"v{k}" for k in range(200)}
+    changes = [("delete", 0, "v0", 1), ("update_preimage", 100, "v100", 2), ("update_postimage", 100, "w", 2),
+               ("delete", 199, "v199", 3), ("insert", 500, "new", 3)]
+    delta = run_trim(spark, KEYED, [((k, v), 1) for k, v in state.items()], changes, SKIP_MIN_ROWS)
+    assert applied(Counter({(k, v): 1 for k, v in state.items()}), delta) == Counter(
+        {(k, v): 1 for k, v in apply_keyed(state, changes).items()})
+    bag = Counter({(None, "x"): 2, (7, "y"): 1})
+    delta = run_trim(spark, BAG, list(bag.items()), [("delete", None, "x", 1), ("delete", 7, "y", 1)], SKIP_MIN_ROWS)
+    assert applied(bag, delta) == Counter({(None, "x"): 1})
+
+
 @settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
 @given(case=keyed_case(allow_invalid=False), cut=st.floats(0, 1))
 def test_splitting_across_refreshes_gives_the_same_snapshot(spark, case, cut):
