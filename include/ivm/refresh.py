@@ -561,6 +561,8 @@ def trim_stage(project: Project, run_id: str, progress: Progress = lambda _: Non
     p, _ = load_plan(project, run_id)
     if p.replay:
         done = [replay_delta(project, p, item) for item in p.tables]
+    elif len(p.tables) == 1:  # nothing to overlap with
+        done = [trim_table(project, run_id, p.tables[0])()]
     else:
         runs = [inheritable_thread_target(project.spark)(trim_table(project, run_id, item)) for item in p.tables]
         with ThreadPoolExecutor(max_workers=TRIM_THREADS, thread_name_prefix="ivm-trim") as pool:
