@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -567,8 +567,7 @@ def trim_stage(project: Project, run_id: str, progress: Progress = lambda _: Non
         runs = [inheritable_thread_target(project.spark)(trim_table(project, run_id, item)) for item in p.tables]
         with ThreadPoolExecutor(max_workers=TRIM_THREADS, thread_name_prefix="ivm-trim") as pool:
             futures = [pool.submit(run) for run in runs]
-            wait(futures)
-        done = [f.result() for f in futures]
+        done = [f.result() for f in futures]  # (leaving the pool waited for every trim)
     for item in done:
         project.catalog.save_stage(run_id, StageRecord(
             "trim", item.table, mode="incremental", rows_in=item.log_rows, delta_rows=item.delta_rows,

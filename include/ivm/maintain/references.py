@@ -137,7 +137,8 @@ def _read(c: Counting, sc: Shortcut, state: str, keys: DataFrame) -> DataFrame |
     """The table at ``state`` restricted to ``keys`` (a small plan over deltas, named like the
     shortcut's columns): an IN filter on one column when there are few (the Parquet reader skips row
     groups by their statistics; base layers are sorted by key), else a semi-join behind the keys'
-    ranges (`zset.skipping_filter`); None when there are none. The keys are found once per run (one small job), whichever views' rules need them."""
+    ranges (`zset.skipping_filter`); None when there are none. The keys are found once per run (one
+    small job), whichever views' rules need them."""
     columns = sc.columns
     if sc not in c.shortcut_keys:
         if len(columns) == 1:
