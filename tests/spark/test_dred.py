@@ -37,7 +37,8 @@ TC_SQL = ("WITH RECURSIVE t(src, dst) AS (SELECT src, dst FROM link UNION "
           "SELECT t.src, l.dst FROM t JOIN link l ON t.dst = l.src) SELECT src, dst FROM t")
 #: view -> (definition, the same query for DuckDB)
 VIEWS = {
-    "tc": ({"datalog": "tc(X, Y) :- link(X, Y).\ntc(X, Y) :- tc(X, Z), link(Z, Y)."}, TC_SQL),
+    # left-linear here, right-linear in SQL below: both get DRed's transitivity rule (fixpoint.transitive_rule)
+    "tc": ({"datalog": "tc(X, Y) :- link(X, Y).\ntc(X, Y) :- link(X, Z), tc(Z, Y)."}, TC_SQL),
     "tc_nonlinear": ({"datalog": "tc_nonlinear(X, Y) :- link(X, Y).\n"
                                  "tc_nonlinear(X, Y) :- tc_nonlinear(X, Z), tc_nonlinear(Z, Y)."}, TC_SQL),
     "reach_sql": ({"sql": TC_SQL}, TC_SQL),
@@ -248,15 +249,20 @@ def test_explain_shows_dred_and_its_rules(make_project):
         ("1 over-delete", "δ⁻tc(X, Y) :- δ⁻(link(X, Y))."),
         ("2 rederive", "δ⁺tc(X, Y) :- δ⁻tc(X, Y), linkᵛ(X, Y)."),
         ("3 insert", "Δ⁺tc(X, Y) :- Δ⁺(link(X, Y))."),
-        ("1 over-delete", "δ⁻tc(X, Y) :- δ⁻(tc(X, Z)), link(Z, Y)."),
-        ("1 over-delete", "δ⁻tc(X, Y) :- tc(X, Z), δ⁻(link(Z, Y))."),
-        ("2 rederive", "δ⁺tc(X, Y) :- δ⁻tc(X, Y), tcᵛ(X, Z), linkᵛ(Z, Y)."),
-        ("3 insert", "Δ⁺tc(X, Y) :- Δ⁺(tc(X, Z)), linkᵛ(Z, Y)."),
-        ("3 insert", "Δ⁺tc(X, Y) :- tcᵛ(X, Z), Δ⁺(link(Z, Y))."),
+        ("1 over-delete", "δ⁻tc(X, Y) :- δ⁻(link(X, Z)), tc(Z, Y)."),
+        ("1 over-delete", "δ⁻tc(X, Y) :- link(X, Z), δ⁻(tc(Z, Y))."),
+        ("2 rederive", "δ⁺tc(X, Y) :- δ⁻tc(X, Y), linkᵛ(X, Z), tcᵛ(Z, Y)."),
+        ("3 insert", "Δ⁺tc(X, Y) :- Δ⁺(link(X, Z)), tcᵛ(Z, Y)."),
+        ("3 insert", "Δ⁺tc(X, Y) :- linkᵛ(X, Z), Δ⁺(tc(Z, Y))."),
+        # tc is link⁺: its transitivity rule, in steps 1 and 3 only
+        ("1 over-delete", "δ⁻tc(X, Y) :- δ⁻(tc(X, Z)), tc(Z, Y)."),
+        ("1 over-delete", "δ⁻tc(X, Y) :- tc(X, Z), δ⁻(tc(Z, Y))."),
+        ("3 insert", "Δ⁺tc(X, Y) :- Δ⁺(tc(X, Z)), tcᵛ(Z, Y)."),
+        ("3 insert", "Δ⁺tc(X, Y) :- tcᵛ(X, Z), Δ⁺(tc(Z, Y))."),
     }
     text = e.to_text()
     assert "maintenance: DRed" in text and "recursive component tc" in text
-    assert "  step 2 rederive: δ⁺tc(X, Y) :- δ⁻tc(X, Y), tcᵛ(X, Z), linkᵛ(Z, Y)." in text
+    assert "  step 2 rederive: δ⁺tc(X, Y) :- δ⁻tc(X, Y), linkᵛ(X, Z), tcᵛ(Z, Y)." in text
     stacked = p.explain("fanout")
     assert stacked.algorithm == "counting" and stacked.recursive_components == [] and stacked.delta_rules
 
@@ -297,6 +303,24 @@ def test_iteration_limit_fails_the_refresh_and_applies_nothing(make_project, tmp
     assert len(_zset(longer.read_zset("tc").collect())) == 10
 
 
+def test_a_closure_extends_a_changed_edge_through_itself_in_two_rounds(make_project, tmp_path):
+    """Two chains a0→…→a3 and b0→…→b3: their full fixpoint takes four rounds (max_iterations: 4). The
+    edge a3→b0 adds the 16 pairs (ai, bj): by the rules as written in one round per edge along b's
+    chain (five rounds); with the transitivity rule the edge's tuples (ai, b0) are extended through
+    the closure at once (three). Deleting it over-deletes the 16 pairs as fast; the view is the
+    closure each time."""
+    p = make_project(TABLES, views={"reach_sql": {**DEFINITIONS["reach_sql"], "max_iterations": 4}})
+    chains = [(f"{c}{i}", f"{c}{i + 1}") for c in "ab" for i in range(3)]
+    load(p, tmp_path, {"link": chains, "blocked": [], "wlink": []})
+    p.refresh()
+    closure = {(f"{c}{i}", f"{c}{j}") for c in "ab" for i in range(4) for j in range(i + 1, 4)}
+    joined = closure | {(f"a{i}", f"b{j}") for i in range(4) for j in range(4)}
+    for n, (kind, expect) in enumerate([("insert", joined), ("delete", closure)], start=1):
+        append(p, tmp_path, n, {"link": [(kind, ("a3", "b0"))]})
+        assert [w.mode for w in p.refresh().views] == ["incremental"]
+        assert _zset(p.read_zset("reach_sql").collect()) == dict.fromkeys(expect, 1)
+
+
 def test_changed_rules_are_followed_by_dred(make_project, tmp_path):
     """000 §7: a rule added to or removed from a recursive view is maintained incrementally (the removed
     rule's derivations over-deleted and rederived where possible, the added rule's inserted), equal to
@@ -324,18 +348,18 @@ def test_changed_rules_are_followed_by_dred(make_project, tmp_path):
     assert result["fanout"].mode == "incremental"
     assert sets(added)["tc"] == recomputed(added, tmp_path / "r1")["tc"]
     assert ("e", "b") in sets(added)["tc"] and ("a", "e") in sets(added)["tc"]
-    # the base rule removed: only the wlink edges start paths now; a rule made nonlinear
-    removed = redefine("tc(X, Y) :- wlink(X, Y, _).\ntc(X, Y) :- tc(X, Z), link(Z, Y).")
+    # the base rule removed: only the wlink edges end paths now
+    removed = redefine("tc(X, Y) :- wlink(X, Y, _).\ntc(X, Y) :- link(X, Z), tc(Z, Y).")
     work = {w.view: w for w in removed.refresh().views}["tc"]
     assert work.mode == "incremental" and "1 rule removed, 0 added" in work.reason
     assert work.detail["over-deleted"] > 0
     ours, full = sets(removed), recomputed(removed, tmp_path / "r2")
     assert ours["tc"] == full["tc"] and ours["fanout"] == full["fanout"]
-    assert ("b", "c") not in ours["tc"] and ("e", "a") in ours["tc"]
+    assert ("b", "c") not in ours["tc"] and ("d", "b") in ours["tc"]
     # the next refresh sees the new definition as materialized: nothing to do
     assert removed.refresh().status == "noop"
     # a change of the nonrecursive view on top is a full recompute
-    again = redefine("tc(X, Y) :- wlink(X, Y, _).\ntc(X, Y) :- tc(X, Z), link(Z, Y).",
+    again = redefine("tc(X, Y) :- wlink(X, Y, _).\ntc(X, Y) :- link(X, Z), tc(Z, Y).",
                      "SELECT x AS src, count(*) + 0 AS n FROM tc GROUP BY x")
     work = {w.view: w for w in again.refresh().views}["fanout"]
     assert work.mode == "full" and work.reason.startswith("the definition changed")

@@ -45,6 +45,7 @@ from ivm.maintain.fixpoint import (
     recursive_positions,
     rederivation_rule,
     seminaive_terms,
+    transitive_rule,
 )
 from ivm.storage import with_count
 from ivm.stratify import Component, Strata, stratify
@@ -59,10 +60,12 @@ C = COUNT_COLUMN
 
 def dred_rules(program: Program, component: Component) -> list[dict[str, str]]:
     """000 §7's rules for every rule of the component, as `ivm explain` prints them: the Δ⁻-rules
-    (step 1, old states), the Δʳ-rule (step 2, new states) and the Δ⁺-rules (step 3, new states)."""
+    (step 1, old states), the Δʳ-rule (step 2, new states) and the Δ⁺-rules (step 3, new states); a
+    transitive closure's transitivity rule has steps 1 and 3 only (``DRed.transitive``)."""
     out = []
     for p in component.predicates:
-        for rule in program.rules_for(p):
+        closure = transitive_rule(program, p, component.predicates)
+        for rule in program.rules_for(p) + ([closure] if closure else []):
             subgoals = [i for i, item in enumerate(rule.body) if isinstance(item, Literal | GroupBy | SetOf)]
 
             def body(states: dict[int, str], mark: str, rule=rule) -> str:
@@ -71,8 +74,9 @@ def dred_rules(program: Program, component: Component) -> list[dict[str, str]]:
             new = dict.fromkeys(subgoals, NEW)
             out += [{"predicate": p, "step": "1 over-delete", "rule": f"δ⁻{rule.head} :- {body({i: DELTA}, 'δ⁻')}."}
                     for i in subgoals]
-            out.append({"predicate": p, "step": "2 rederive",
-                        "rule": f"δ⁺{rule.head} :- δ⁻{rule.head}, {body(new, '')}."})
+            if rule is not closure:
+                out.append({"predicate": p, "step": "2 rederive",
+                            "rule": f"δ⁺{rule.head} :- δ⁻{rule.head}, {body(new, '')}."})
             out += [{"predicate": p, "step": "3 insert", "rule": f"Δ⁺{rule.head} :- {body(new | {i: DELTA}, 'Δ⁺')}."}
                     for i in subgoals]
     return out
@@ -162,6 +166,11 @@ class DRed:
                           + [(f"removed{k}", rule) for k, rule in enumerate(self.change.removed.get(p, []))]
                           for p in self.preds}
         self.schemas = {p: with_count(counting.schemas(p)) for p in self.preds}
+        #: p(X, Y) :- p(X, Z), p(Z, Y) for a predicate that is a transitive closure (steps 1 and 3 only:
+        #: its Δʳ-rule would join Pᵛ with itself), unless its rules changed since the stored state
+        self.transitive = {p: rule for p in self.preds if not self.change.added.get(p)
+                           and not self.change.removed.get(p)
+                           and (rule := transitive_rule(counting.program, p, self.preds)) is not None}
         #: tuples over-deleted, rederived and inserted (after ``run``)
         self.stats: dict[str, int] = {}
         #: the Del and Add of each lower subgoal (pred, rule, position), written once; None: empty
@@ -242,10 +251,23 @@ class DRed:
                 state: str, known: Callable[[str, DataFrame], DataFrame] | None = None) -> None:
         """Semi-naive rounds to the fixpoint: each round's new tuples at the Δ position of the
         component's subgoals, ``whole`` at the others, lower subgoals at ``state`` (the old rules in the
-        old state, step 1)."""
-        rules = self.old_rules if state == OLD else self.rules
+        old state, step 1).
+
+        The first round's tuples (derived from the changes below) of a transitive closure are also
+        extended by its transitivity rule (``fixpoint.transitive_rule``): through the whole closure at
+        once, so the tuples a changed edge adds or over-deletes are found in two rounds, not one per
+        edge along the paths that follow it. Later rounds use the rules as written: their tuples'
+        extensions through the closure came with the first round's, and joining every round with the
+        whole closure would grow with the cube of a long path. In step 1 the rule over-deletes nothing
+        the Δ⁻-rules would not: δ⁻(p) ⋈ P and P ⋈ δ⁻(p) are old tuples with an old derivation through
+        an over-deleted tuple."""
+        plain = self.old_rules if state == OLD else self.rules
+        first = True
         while candidates:
             changed = rounds.add(candidates, known)
+            rules = {p: plain[p] + ([("transitive", self.transitive[p])] if first and p in self.transitive else [])
+                     for p in self.preds}
+            first = False
             candidates = {}
             for p in self.preds:
                 terms = [t for r, rule in rules[p]

@@ -27,7 +27,7 @@ from pyspark.sql.types import StructType
 
 from ivm.config import COUNT_COLUMN
 from ivm.errors import ConfigError
-from ivm.ir import Atom, BodyItem, Const, Literal, Rule, Var, Wildcard
+from ivm.ir import Atom, BodyItem, Const, Literal, Program, Rule, Var, Wildcard
 from ivm.stratify import Component
 from ivm.zset import anti_join, consolidate, union_all
 
@@ -61,6 +61,57 @@ def rederivation_rule(rule: Rule) -> Rule:
     variables first. Computed head columns cannot bind anything: the result is restricted afterwards."""
     args = tuple(a if isinstance(a, Var | Const) else Wildcard() for a in rule.head.args)
     return Rule(rule.head, (Literal(Atom(rule.head.pred, args)), *rule.body))
+
+
+def transitive_rule(program: Program, pred: str, preds: Collection[str]) -> Rule | None:
+    """``p(X, Y) :- p(X, Z), p(Z, Y)`` when the rules of ``pred`` make it the transitive closure of one
+    binary relation e outside the component: an exit rule ``p(X, Y) :- e(X, Y)`` and only linear
+    rules ``p(X, Y) :- p(X, Z), e(Z, Y)`` or ``p(X, Y) :- e(X, Z), p(Z, Y)`` (the shape of a
+    ``WITH RECURSIVE`` reachability query); else None.
+
+    p = e⁺ is transitive, so the rule derives only tuples of p's fixpoint: added to the program it
+    changes no fixpoint (000 §7's steps apply to any program; Theorem 7.1 speaks of derivations in
+    E^ν, which the rule leaves alone). A round that uses it joins its delta with the whole closure on
+    either side: DRed (ivm.maintain.dred) extends the tuples derived from a changed edge through the
+    closure at once, p*·Δe·p* in two rounds, instead of one edge per round along every path that
+    follows (the right-linear chain views of [DT92], which 000 §1 cites, by an added rule)."""
+    rules = program.rules_for(pred)
+    exits = [r for r in rules if not recursive_positions(r, preds)]
+    if len(exits) != 1 or len(rules) < 2:
+        return None
+    head = _pair(exits[0].head)
+    body = exits[0].body
+    if head is None or len(body) != 1 or _literal_pair(body[0]) != head or body[0].atom.pred in preds:
+        return None
+    edge = body[0].atom.pred
+    for rule in rules:
+        if rule is exits[0]:
+            continue
+        x, y = _pair(rule.head) or (None, None)
+        pairs = [_literal_pair(item) for item in rule.body]
+        if x is None or len(pairs) != 2 or None in pairs:
+            return None
+        preds_of = [item.atom.pred for item in rule.body]
+        (a, z), (z2, b) = pairs if pairs[0][0] == x else pairs[::-1]
+        if (a, b) != (x, y) or z != z2 or z in (x, y) or sorted(preds_of) != sorted([pred, edge]):
+            return None
+    x, y, z = (Var(n) for n in ("X", "Y", "Z"))
+    return Rule(Atom(pred, (x, y)), (Literal(Atom(pred, (x, z))), Literal(Atom(pred, (z, y)))))
+
+
+def _pair(atom: Atom) -> tuple[str, str] | None:
+    """The two distinct variables of a binary atom, else None."""
+    args = atom.args
+    if len(args) == 2 and all(isinstance(a, Var) for a in args) and args[0].name != args[1].name:
+        return args[0].name, args[1].name
+    return None
+
+
+def _literal_pair(item: BodyItem) -> tuple[str, str] | None:
+    """A positive, plainly joined (SQL =) binary literal's two distinct variables, else None."""
+    if not isinstance(item, Literal) or item.negated or item.null_safe:
+        return None
+    return _pair(item.atom)
 
 
 class Rounds:
