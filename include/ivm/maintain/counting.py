@@ -201,10 +201,8 @@ class Counting:
         self.probes: dict[str, int] = {}
         #: subgoals delta rules took from the deltas (keyed lookups, foreign keys), with how often
         self.shortcuts: dict[str, int] = {}
-        #: the keys each shortcut reads from storage in this run (None: too many, a semi-join)
-        self.shortcut_keys: dict[object, list | None] = {}
-        #: ... and, where there were too many for an IN list, the ranges they fall in
-        self.shortcut_ranges: dict[object, object] = {}
+        #: the keys each shortcut reads from storage in this run (references.KeysRead)
+        self.shortcut_keys: dict[object, object] = {}
 
     # -- states of a subgoal's predicate ---------------------------------------------------------------
 

@@ -32,7 +32,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from ivm.config import COUNT_COLUMN
@@ -133,6 +133,15 @@ def _at(delta: DataFrame, state: str) -> DataFrame:
     return delta.where(F.col(C) > 0)
 
 
+@dataclass(frozen=True)
+class KeysRead:
+    """The keys a shortcut reads from storage in one run, found once whichever rules need them: few
+    (``values``, an IN list) or, when ``values`` is None, too many for one: the ``ranges`` they fall in."""
+
+    values: list | None
+    ranges: Column | None = None
+
+
 def _read(c: Counting, sc: Shortcut, state: str, keys: DataFrame) -> DataFrame | None:
     """The table at ``state`` restricted to ``keys`` (a small plan over deltas, named like the
     shortcut's columns): an IN filter on one column when there are few (the Parquet reader skips row
@@ -144,17 +153,17 @@ def _read(c: Counting, sc: Shortcut, state: str, keys: DataFrame) -> DataFrame |
         if len(columns) == 1:
             # (a NULL key joins nothing: the rules here join with =)
             values = [r[0] for r in keys.where(F.col(_q(columns[0])).isNotNull()).limit(READ_LIMIT + 1).collect()]
-            c.shortcut_keys[sc] = values if len(values) <= READ_LIMIT else None
+            read = KeysRead(values) if len(values) <= READ_LIMIT else None
         else:
-            c.shortcut_keys[sc] = [] if not keys.limit(1).collect() else None
-        found = c.shortcut_keys[sc]
-        if found is None:  # many keys: the ranges they fall in, for the Parquet reader (once per run)
-            c.shortcut_ranges[sc] = skipping_filter(keys, columns[0])
-        log.info("%s: %s keys to read", sc, f"over {READ_LIMIT}" if found is None else len(found))
-    found = c.shortcut_keys[sc]
+            read = KeysRead([]) if not keys.limit(1).collect() else None
+        # many keys: the ranges they fall in, for the Parquet reader
+        c.shortcut_keys[sc] = read if read is not None else KeysRead(None, skipping_filter(keys, columns[0]))
+        log.info("%s: %s keys to read", sc, f"over {READ_LIMIT}" if read is None else len(read.values))
+    read = c.shortcut_keys[sc]
     rows = c.joined(sc.table, state)
-    if found is None:  # many keys: a semi-join behind their ranges
-        return restrict(rows.where(c.shortcut_ranges[sc]), keys, columns)
+    if read.values is None:  # many keys: a semi-join behind their ranges
+        return restrict(rows.where(read.ranges), keys, columns)
+    found = read.values
     if not found:
         return None
     # the IN list for the join, the ranges for the Parquet reader (which turns a long IN list into one
