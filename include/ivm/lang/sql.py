@@ -127,7 +127,9 @@ class SqlCompiler:
                            validate_qualify_columns=True)
         except OptimizeError as e:
             raise ConfigError(f"views.{name}: {str(e).splitlines()[0]}") from e
-        return self._query(tree, name, "view")
+        self._query(tree, name, "view")
+        self._view_is_its_recursion(name)
+        return self.program.predicates[name]
 
     # -- queries -----------------------------------------------------------------------------------
 
@@ -175,6 +177,37 @@ class SqlCompiler:
             program.rules[at:at + 1] = inlined
             program.rules = [r for r in program.rules if r.head.pred != side]
             del program.predicates[side]
+
+    def _view_is_its_recursion(self, view: str) -> None:
+        """A view that selects a recursive CTE's columns as they are (``WITH RECURSIVE r(src, dst) AS
+        (...) SELECT src, dst FROM r``) becomes the CTE's predicate: the CTE's rules define the view
+        (under its column names), so the closure is stored and maintained once, not once as the CTE
+        and again as the view's copy of it."""
+        program = self.program
+        rules = program.rules_for(view)
+        if len(rules) != 1 or len(rules[0].body) != 1:
+            return
+        copy, item = rules[0], rules[0].body[0]
+        cte = program.predicates.get(item.atom.pred) if isinstance(item, Literal) and not item.negated else None
+        args = copy.head.args
+        if (cte is None or cte.owner != view or cte.semantics != "set" or item.atom.args != args
+                or not all(isinstance(a, Var) for a in args) or len({a.name for a in args}) != len(args)):
+            return
+        readers = {r.head.pred for r in program.rules if any(q == cte.name for q, _ in r.predicates())}
+        if readers != {view, cte.name}:  # read by another predicate of the view, or not recursive
+            return
+        if any(not isinstance(i, Literal) and getattr(i, "atom", None) is not None and i.atom.pred == cte.name
+               for r in program.rules_for(cte.name) for i in r.body):
+            return
+
+        def renamed(atom: Atom) -> Atom:
+            return Atom(view, atom.args) if atom.pred == cte.name else atom
+
+        program.rules = [Rule(renamed(r.head), tuple(Literal(renamed(i.atom), i.negated, i.null_safe)
+                                                     if isinstance(i, Literal) else i for i in r.body))
+                         if r.head.pred == cte.name else r for r in program.rules if r is not copy]
+        del program.predicates[cte.name]
+        program.predicates[view].semantics = "set"
 
     def _target(self, name: str | None, kind: str, columns: list[str], semantics: str, role: str) -> Predicate:
         if name is None:
