@@ -34,8 +34,11 @@ from ivm.storage import Scratch
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "include" / "views" / "demo"
 BIN = Path(sys.executable).parent
-#: counting (a join with GROUP BY, a view over it), CReaM (setof), REDUCE, key-based, DRed (reach)
-DAG_VIEWS = ["seats_per_flight", "busy_flights", "page_visitors", "passenger_routes", "booked_origins", "reach"]
+#: counting (a join with GROUP BY, a view over it: two strata), CReaM (setof, an auxiliary view) and DRed
+#: (reach). REDUCE and the key-based rules (the demo's passenger_routes, booked_origins) keep no state a
+#: stage hands to the next beyond what counting's does; each view costs every DAG run a spark-submit
+#: (~25 s), so they are left to tests/spark (test_strategies, test_stages for the stage contract)
+DAG_VIEWS = ["seats_per_flight", "busy_flights", "page_visitors", "reach"]
 
 DAG_RUN = """
 import json, sys

@@ -196,9 +196,8 @@ class SqlCompiler:
         readers = {r.head.pred for r in program.rules if any(q == cte.name for q, _ in r.predicates())}
         if readers != {view, cte.name}:  # read by another predicate of the view, or not recursive
             return
-        if any(not isinstance(i, Literal) and getattr(i, "atom", None) is not None and i.atom.pred == cte.name
-               for r in program.rules_for(cte.name) for i in r.body):
-            return
+        if any(isinstance(i, GroupBy) and i.atom.pred == cte.name for r in program.rules_for(cte.name) for i in r.body):
+            return  # (recursion through an aggregate: refused by stratification, with the CTE's name)
 
         def renamed(atom: Atom) -> Atom:
             return Atom(view, atom.args) if atom.pred == cte.name else atom
