@@ -201,8 +201,8 @@ class Counting:
         self.probes: dict[str, int] = {}
         #: subgoals delta rules took from the deltas (keyed lookups, foreign keys), with how often
         self.shortcuts: dict[str, int] = {}
-        #: the keys each shortcut reads from storage in this run (references.KeysRead)
-        self.shortcut_keys: dict[object, object] = {}
+        #: the keys each shortcut reads from storage in this run
+        self.shortcut_keys: dict[references.Shortcut, references.KeysRead] = {}
 
     # -- states of a subgoal's predicate ---------------------------------------------------------------
 

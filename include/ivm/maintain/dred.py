@@ -262,12 +262,10 @@ class DRed:
         the Δ⁻-rules would not: δ⁻(p) ⋈ P and P ⋈ δ⁻(p) are old tuples with an old derivation through
         an over-deleted tuple."""
         plain = self.old_rules if state == OLD else self.rules
-        first = True
+        rules = {p: plain[p] + ([("transitive", self.transitive[p])] if p in self.transitive else [])
+                 for p in self.preds}  # the first round's
         while candidates:
             changed = rounds.add(candidates, known)
-            rules = {p: plain[p] + ([("transitive", self.transitive[p])] if first and p in self.transitive else [])
-                     for p in self.preds}
-            first = False
             candidates = {}
             for p in self.preds:
                 terms = [t for r, rule in rules[p]
@@ -275,6 +273,7 @@ class DRed:
                                                   self._subgoals(p, r, rule, state, whole, {}), self.absent(state))]
                 if terms:
                     candidates[p] = as_set(union_all(terms), self.columns(p))
+            rules = plain
 
     # -- the three steps ------------------------------------------------------------------------------
 
