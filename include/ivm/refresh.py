@@ -32,10 +32,10 @@ from pyspark.sql import functions as F
 from pyspark.util import inheritable_thread_target
 
 from ivm.catalog.store import LayerRef, PublishChange, StageRecord, aware
-from ivm.changes.ingest import read_log
+from ivm.changes.ingest import has_update_images, read_log
 from ivm.changes.trim import trim
 from ivm.config import COUNT_COLUMN
-from ivm.errors import ConfigError, NotFoundError, RunError, ValidationError, one_line
+from ivm.errors import ChangeDataError, ConfigError, NotFoundError, RunError, ValidationError, one_line
 from ivm.lang import compile_project
 from ivm.maintain import nested
 from ivm.maintain.count_free import CountFree
@@ -439,11 +439,14 @@ def trim_table(project: Project, run_id: str, item: TableDelta) -> Callable[[], 
     def run() -> TableDelta:
         changes = read_log(spark, table, segments, item.from_version, item.to_version)
         current = project.warehouse.read_layers(spark, [x.path for x in layers], schema)
-        net = trim(name, table, changes, current, sum(x.rows or 0 for x in layers))
+        net = trim(name, table, changes, current, sum(x.rows or 0 for x in layers),
+                   update_images=has_update_images(project.warehouse, segments))
+        layer = project.warehouse.write_layer(net.delta, name, "delta", run_id=run_id)
         try:
-            layer = project.warehouse.write_layer(net.delta, name, "delta", run_id=run_id)
-        finally:
-            net.release()
+            net.check()  # observed while the delta was written
+        except ChangeDataError:
+            project.warehouse.delete(layer.path)
+            raise
         if layer.rows == 0:  # every change cancelled out: advance the watermark, keep no empty layer
             project.warehouse.delete(layer.path)
             layer = None

@@ -104,17 +104,43 @@ class Warehouse:
         `count()` just to log a number).
         """
         try:
-            infos = self.fs.get_file_info(pafs.FileSelector(self._fs_path(path), recursive=True))
             rows = size = 0
-            for info in infos:
-                if info.type == pafs.FileType.File and info.base_name.endswith(".parquet"):
-                    size += info.size or 0
-                    with self.fs.open_input_file(info.path) as f:
-                        rows += pq.ParquetFile(f).metadata.num_rows
+            for info, meta in self._footers(path):
+                size += info.size or 0
+                rows += meta.num_rows
             return rows, size
         except OSError as e:  # statistics are informative only
             log.warning("could not read statistics of %s: %s", path, e)
             return None, None
+
+    def column_range(self, path: str, column: str) -> tuple | None:
+        """(min, max) of ``column`` over a written Parquet path, from the row groups' statistics in the
+        footers (no Spark job); None when some row group has none (or the files cannot be read)."""
+        lows, highs = [], []
+        try:
+            for _, meta in self._footers(path):
+                index = meta.schema.to_arrow_schema().get_field_index(column)
+                for g in range(meta.num_row_groups):
+                    stats = meta.row_group(g).column(index).statistics if index >= 0 else None
+                    if stats is None or not stats.has_min_max:
+                        return None
+                    lows.append(stats.min)
+                    highs.append(stats.max)
+        except OSError as e:
+            log.warning("could not read statistics of %s: %s", path, e)
+            return None
+        return (min(lows), max(highs)) if lows else None
+
+    def _footers(self, path: str):
+        """(file info, Parquet metadata) of each Parquet file under ``path`` (a directory or one file)."""
+        fs_path = self._fs_path(path)
+        info = self.fs.get_file_info(fs_path)
+        infos = [info] if info.type == pafs.FileType.File else \
+            self.fs.get_file_info(pafs.FileSelector(fs_path, recursive=True))
+        for info in infos:
+            if info.type == pafs.FileType.File and info.base_name.endswith(".parquet"):
+                with self.fs.open_input_file(info.path) as f:
+                    yield info, pq.ParquetFile(f).metadata
 
     # -- layers ----------------------------------------------------------------------------------
 

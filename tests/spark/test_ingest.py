@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from ivm.changes.ingest import read_log
+from ivm.changes.ingest import has_update_images, read_log
 from ivm.errors import ChangeDataError, ConfigError, IvmError, NotFoundError
 
 TABLES = {
@@ -205,3 +205,25 @@ def test_unknown_or_unapplied_tables(project, tmp_path, make_project):
     with pytest.raises(ConfigError, match="table extra is not in the catalog yet; run `ivm apply`"):
         p2.append("extra", csv(tmp_path / "b.csv", "x,_change_type\n1,insert"))
     assert issubclass(ConfigError, IvmError)
+
+
+def test_segment_footers_tell_whether_a_log_holds_update_images(project, tmp_path):
+    """Trimming leaves the update-image pairing out of its plan for a range without update images;
+    the segments' Parquet statistics of the change type say so without a Spark job."""
+    project.append("res", csv(tmp_path / "a.csv", """
+res_id,psgr_id,seat,_change_type
+1,7,1A,insert
+2,8,1B,insert"""))
+    project.append("res", csv(tmp_path / "b.csv", """
+res_id,psgr_id,seat,_change_type
+2,8,1B,delete"""))
+    plain = project.catalog.segments("res", 0, 10**18)
+    assert not has_update_images(project.warehouse, plain)
+    project.append("res", csv(tmp_path / "c.csv", """
+res_id,psgr_id,seat,_change_type
+1,7,1A,update_preimage
+1,7,2C,update_postimage"""))
+    every = project.catalog.segments("res", 0, 10**18)
+    assert has_update_images(project.warehouse, every)
+    assert has_update_images(project.warehouse, every[-1:])
+    assert project.warehouse.column_range(every[0].path, "_change_type") == ("insert", "insert")

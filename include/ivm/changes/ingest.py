@@ -140,6 +140,17 @@ def read_log(spark: SparkSession, table: TableConfig, segments: list[SegmentRef]
                  .where((F.col(COMMIT_VERSION) > after) & (F.col(COMMIT_VERSION) <= upto)))
 
 
+def has_update_images(warehouse: Warehouse, segments: list[SegmentRef]) -> bool:
+    """Whether the segments may hold update images: a segment's footers bound its change types
+    ("delete" < "insert" < "update_postimage" < "update_preimage"), so a maximum below "update" means
+    inserts and deletes only. A segment without statistics may hold anything."""
+    for s in segments:
+        bounds = warehouse.column_range(s.path, CHANGE_TYPE)
+        if bounds is None or bounds[1] >= "update":
+            return True
+    return False
+
+
 def load_snapshot(spark: SparkSession, catalog: Catalog, warehouse: Warehouse, name: str, table: TableConfig,
                   path: str, run_id: str, target_file_mb: int) -> tuple[int, int]:
     """`ivm load`: a table's initial snapshot as its base layer, at commit version 0.

@@ -7,10 +7,11 @@ collapses to its first before-image against its last after-image (insert→updat
 update that restores the old row is a no-op); for an unkeyed (bag) table the net effect of a tuple is
 the sum of its signed counts. The result is a Z-set delta (DESIGN.md §2).
 
-Before anything is applied, the changes are checked in order against the snapshot they apply to
-(restricted to the keys in play), and the first bad change is reported with its table, commit version
-and row: a delete or update of a row that is not there, an insert of a key that exists, an update
-image without its partner.
+The changes are checked in order against the snapshot they apply to (restricted to the keys in
+play) in the same Spark plan that computes the net delta: the check is observed (a Spark Observation)
+while the delta is written, and the first bad change is reported with its table, commit version and
+row — a delete or update of a row that is not there, an insert of a key that exists, an update image
+without its partner — before anything is applied (the caller drops what it wrote).
 """
 
 from __future__ import annotations
@@ -18,8 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pyspark import StorageLevel
-from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import Column, DataFrame, Observation, Window
 from pyspark.sql import functions as F
 
 from ivm.changes.reader import SEQ, describe_row
@@ -39,19 +39,25 @@ def signed(ct: Column) -> Column:
     return F.when(ct.isin("insert", "update_postimage"), F.lit(1)).otherwise(F.lit(-1)).cast("long")
 
 
-def _events(log: DataFrame, columns: Sequence[str]) -> DataFrame:
+def _events(log: DataFrame, columns: Sequence[str], update_images: bool = True) -> DataFrame:
     """The changes as signed events, with the update-image pairing checked per commit.
 
     Within a commit, the k-th update_postimage pairs with the k-th update_preimage before it; so the
-    running balance of preimages over postimages never goes negative and ends at zero.
+    running balance of preimages over postimages never goes negative and ends at zero. A log known to
+    hold no update images (``update_images`` False: inserts and deletes only) has nothing to pair, and
+    its plan no window over the commits (a shuffle of the log).
     """
     ct = F.col(CHANGE_TYPE)
-    step = F.when(ct == "update_preimage", 1).when(ct == "update_postimage", -1).otherwise(0)
-    in_commit = Window.partitionBy(COMMIT_VERSION)
-    balance = F.sum(step).over(in_commit.orderBy(SEQ).rowsBetween(Window.unboundedPreceding, Window.currentRow))
-    open_at_end = F.sum(step).over(in_commit)
-    pairing = (F.when((ct == "update_postimage") & (balance < 0), "update_postimage without its update_preimage")
-                .when((ct == "update_preimage") & (open_at_end > 0), "update_preimage without its update_postimage"))
+    if update_images:
+        step = F.when(ct == "update_preimage", 1).when(ct == "update_postimage", -1).otherwise(0)
+        in_commit = Window.partitionBy(COMMIT_VERSION)
+        balance = F.sum(step).over(in_commit.orderBy(SEQ).rowsBetween(Window.unboundedPreceding, Window.currentRow))
+        open_at_end = F.sum(step).over(in_commit)
+        pairing = (F.when((ct == "update_postimage") & (balance < 0), "update_postimage without its update_preimage")
+                    .when((ct == "update_preimage") & (open_at_end > 0),
+                          "update_preimage without its update_postimage"))
+    else:
+        pairing = F.lit(None).cast("string")
     return log.select(*[F.col(f"`{c}`") for c in columns], row_struct(columns).alias(ROW),
                       signed(ct).alias(SIGN), F.col(COMMIT_VERSION), F.col(SEQ), ct.alias(CHANGE_TYPE),
                       F.lit(False).alias(IS_OLD), pairing.alias("__pairing"))
@@ -73,10 +79,10 @@ def _stored_at(snapshot: DataFrame, touched: DataFrame, columns: list[str], stor
     return restrict(snapshot if skip is None else snapshot.where(skip), touched, columns)
 
 
-def _keyed(events: DataFrame, snapshot: DataFrame, table: TableConfig, stored_rows: int) -> tuple[DataFrame, DataFrame]:
-    """(annotated events, net delta) for a table with a primary key."""
+def _keyed(events: DataFrame, snapshot: DataFrame, table: TableConfig, stored_rows: int) -> DataFrame:
+    """The events of a table with a primary key, after its stored rows, each with its problem."""
     columns, key = list(table.columns), list(table.key or [])
-    touched = events.select(*[F.col(f"`{c}`") for c in key]).distinct()
+    touched = events.select(*[F.col(f"`{c}`") for c in key])  # (a semi-join needs no distinct keys)
     old = consolidate(_stored_at(snapshot, touched, key, stored_rows), columns)
     timeline = events.unionByName(_old_events(old, columns, F.lit(1).cast("long")))
     w = Window.partitionBy(*[F.col(f"`{c}`") for c in key]).orderBy(*ORDER)
@@ -91,8 +97,12 @@ def _keyed(events: DataFrame, snapshot: DataFrame, table: TableConfig, stored_ro
                 .when((sign > 0) & present,
                       F.concat(F.col(CHANGE_TYPE), F.lit(" of a key that exists (stored row "), F.to_json(prev_row),
                                F.lit(")"))))
-    annotated = timeline.withColumn(PROBLEM, problem)
-    # 002 §3: the net effect of a key's chain is its first before-image against its last after-image
+    return timeline.withColumn(PROBLEM, problem)
+
+
+def _keyed_delta(annotated: DataFrame, table: TableConfig) -> DataFrame:
+    """002 §3: the net effect of a key's chain is its first before-image against its last after-image."""
+    columns, key = list(table.columns), list(table.key or [])
     step = F.struct(F.col(SIGN).alias("sign"), F.col(ROW).alias("row"), F.col(IS_OLD).alias("old"))
     order = F.struct(*[F.col(c) for c in ORDER])
     chains = annotated.groupBy(*[F.col(f"`{c}`") for c in key]).agg(
@@ -104,17 +114,14 @@ def _keyed(events: DataFrame, snapshot: DataFrame, table: TableConfig, stored_ro
         F.when(before.isNotNull() & ~noop, F.struct(before.alias("row"), F.lit(-1).cast("long").alias("n"))),
         F.when(after.isNotNull() & ~noop, F.struct(after.alias("row"), F.lit(1).cast("long").alias("n")))),
         lambda x: x.isNotNull())
-    delta = (chains.select(F.explode(images).alias("i"))
-                   .select(*[F.col("i.row").getField(c).alias(c) for c in columns],
-                           F.col("i.n").alias(COUNT_COLUMN)))
-    return annotated, delta
+    return (chains.select(F.explode(images).alias("i"))
+                  .select(*[F.col("i.row").getField(c).alias(c) for c in columns], F.col("i.n").alias(COUNT_COLUMN)))
 
 
-def _unkeyed(events: DataFrame, snapshot: DataFrame, table: TableConfig,
-             stored_rows: int) -> tuple[DataFrame, DataFrame]:
-    """(annotated events, net delta) for a bag table: a tuple's net effect is the sum of its counts."""
+def _unkeyed(events: DataFrame, snapshot: DataFrame, table: TableConfig, stored_rows: int) -> DataFrame:
+    """The events of a bag table, after its stored tuples, each with its problem."""
     columns = list(table.columns)
-    touched = events.select(*[F.col(f"`{c}`") for c in columns]).distinct()
+    touched = events.select(*[F.col(f"`{c}`") for c in columns])
     old = consolidate(_stored_at(snapshot, touched, columns, stored_rows), columns)
     timeline = events.unionByName(_old_events(old, columns, F.col(COUNT_COLUMN)))
     w = Window.partitionBy(ROW).orderBy(*ORDER).rowsBetween(Window.unboundedPreceding, Window.currentRow)
@@ -122,43 +129,51 @@ def _unkeyed(events: DataFrame, snapshot: DataFrame, table: TableConfig,
     problem = (F.when(F.col(IS_OLD), None)
                 .when(F.col("__pairing").isNotNull(), F.col("__pairing"))
                 .when(copies < 0, F.concat(F.col(CHANGE_TYPE), F.lit(" of a row that is not there"))))
-    annotated = timeline.withColumn(PROBLEM, problem)
+    return timeline.withColumn(PROBLEM, problem)
+
+
+def _unkeyed_delta(annotated: DataFrame, table: TableConfig) -> DataFrame:
+    """A bag tuple's net effect is the sum of its changes' counts."""
+    columns = list(table.columns)
     changes = annotated.where(~F.col(IS_OLD))
-    delta = consolidate(changes.select(*[F.col(f"`{c}`") for c in columns], F.col(SIGN).alias(COUNT_COLUMN)),
-                        columns)
-    return annotated, delta
+    return consolidate(changes.select(*[F.col(f"`{c}`") for c in columns], F.col(SIGN).alias(COUNT_COLUMN)), columns)
 
 
 @dataclass
 class NetDelta:
-    """A table's net delta (a Z-set) and the cached change timeline it was computed from."""
+    """A table's net delta (a Z-set) and the check of its changes, observed while the delta is computed.
 
+    ``check()`` after the one action that consumes ``delta`` (its write) raises `ChangeDataError` for
+    the first change, in commit order, that does not apply."""
+
+    name: str
+    table: TableConfig
     delta: DataFrame
-    _cached: DataFrame
+    _observed: Observation
 
-    def release(self) -> None:
-        self._cached.unpersist()
+    def check(self) -> None:
+        found = self._observed.get
+        if found["problems"]:
+            bad = found["first"]
+            raise ChangeDataError(f"table {self.name}: commit version {bad[COMMIT_VERSION]}, row "
+                                  f"{describe_row(bad, self.table.columns)}: {bad[PROBLEM]}; nothing was applied")
 
 
-def trim(name: str, table: TableConfig, log: DataFrame, snapshot: DataFrame, stored_rows: int = 0) -> NetDelta:
+def trim(name: str, table: TableConfig, log: DataFrame, snapshot: DataFrame, stored_rows: int = 0,
+         update_images: bool = True) -> NetDelta:
     """The net delta of ``log`` (the changes in the refresh's range, in any order) against ``snapshot``
-    (the table's current layers, unconsolidated; ``stored_rows`` of them: a large table gets a skipping filter).
+    (the table's current layers, unconsolidated; ``stored_rows`` of them: a large table gets a skipping
+    filter). ``update_images`` False: the log is known to hold inserts and deletes only.
 
-    Raises `ChangeDataError` naming table, commit version and row for the first change, in commit
-    order, that does not apply. The check and the delta share one cached timeline (two Spark jobs).
+    The check rides on the delta's plan (one action computes both; a check and a write apart took a
+    second pass over a cached timeline): the caller writes ``delta``, then calls ``check()``, and drops
+    what it wrote when that raises.
     """
-    events = _events(log, list(table.columns))
-    annotated, delta = (_keyed if table.keyed else _unkeyed)(events, snapshot, table, stored_rows)
-    annotated = annotated.persist(StorageLevel.MEMORY_AND_DISK)
-    result = NetDelta(delta, annotated)
-    try:
-        first = annotated.where(F.col(PROBLEM).isNotNull()).orderBy(*ORDER).limit(1).collect()
-    except BaseException:
-        result.release()
-        raise
-    if first:
-        result.release()
-        bad = first[0]
-        raise ChangeDataError(f"table {name}: commit version {bad[COMMIT_VERSION]}, row "
-                              f"{describe_row(bad, table.columns)}: {bad[PROBLEM]}; nothing was applied")
-    return result
+    events = _events(log, list(table.columns), update_images)
+    annotated = (_keyed if table.keyed else _unkeyed)(events, snapshot, table, stored_rows)
+    bad = F.col(PROBLEM).isNotNull()
+    first = F.struct(*[F.col(f"`{c}`") for c in table.columns], F.col(COMMIT_VERSION), F.col(PROBLEM))
+    observed = Observation(f"trim {name}")
+    annotated = annotated.observe(observed, F.count(F.when(bad, 1)).alias("problems"),
+                                  F.min_by(F.when(bad, first), F.when(bad, F.struct(*ORDER))).alias("first"))
+    return NetDelta(name, table, (_keyed_delta if table.keyed else _unkeyed_delta)(annotated, table), observed)
