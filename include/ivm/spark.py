@@ -10,6 +10,7 @@ import logging
 import os
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -92,11 +93,14 @@ class JobMetrics:
     def __init__(self, spark):
         self.sc = spark.sparkContext
         self.n = 0
+        #: job groups unique to this instance: another one on the same context (the benchmark's next view)
+        #: numbers its blocks from 1 again, and a shared group name would count the earlier block's jobs too
+        self.prefix = f"ivm-measure-{uuid.uuid4().hex[:8]}"
 
     @contextmanager
     def measure(self, label: str) -> Iterator[Measured]:
         self.n += 1
-        group = f"ivm-measure-{self.n}-{label}"
+        group = f"{self.prefix}-{self.n}-{label}"
         out = Measured(label)
         self.sc.setJobGroup(group, label)
         started = time.perf_counter()

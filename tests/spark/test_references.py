@@ -236,3 +236,15 @@ def test_skipping_filter_cuts_the_keys_at_their_widest_gaps(spark, monkeypatch, 
     picked = spark.createDataFrame([("2020-01-02",), ("2020-01-05",), ("2020-03-01",)], "d string").selectExpr(
         "CAST(d AS DATE) AS d")
     assert days.where(zset.skipping_filter(picked, "d")).count() == 5  # Jan 2..5 and Mar 1
+
+
+def test_job_metrics_count_only_their_own_blocks(spark):
+    # the benchmark measures each view with a JobMetrics of its own on one SparkContext: the second one's
+    # first block must not count the first one's first block
+    first, second = JobMetrics(spark), JobMetrics(spark)
+    with first.measure("block") as a:
+        spark.range(10).collect()
+        spark.range(10).collect()
+    with second.measure("block") as b:
+        spark.range(10).collect()
+    assert a.jobs >= 2 and b.jobs == a.jobs // 2, (a, b)

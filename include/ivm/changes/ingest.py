@@ -140,10 +140,17 @@ def read_log(spark: SparkSession, table: TableConfig, segments: list[SegmentRef]
                  .where((F.col(COMMIT_VERSION) > after) & (F.col(COMMIT_VERSION) <= upto)))
 
 
+#: segments whose footers are read to rule out update images in a log range; past this many (each a
+#: file open, a round trip on object storage) the range is assumed to hold some
+FOOTERS_MAX = 64
+
+
 def has_update_images(warehouse: Warehouse, segments: list[SegmentRef]) -> bool:
     """Whether the segments may hold update images: a segment's footers bound its change types
     ("delete" < "insert" < "update_postimage" < "update_preimage"), so a maximum below "update" means
     inserts and deletes only. A segment without statistics may hold anything."""
+    if len(segments) > FOOTERS_MAX:
+        return True
     for s in segments:
         bounds = warehouse.column_range(s.path, CHANGE_TYPE)
         if bounds is None or bounds[1] >= "update":

@@ -152,6 +152,10 @@ class NetDelta:
     _observed: Observation
 
     def check(self) -> None:
+        if self._observed._jo.getRow().length() == 0:
+            # Spark proved the events empty (an empty log and snapshot) and dropped the observation with
+            # the plan: there was nothing to check (`Observation.get` fails on the empty row)
+            return
         found = self._observed.get
         if found["problems"]:
             bad = found["first"]
