@@ -119,9 +119,10 @@ class Warehouse:
         lows, highs = [], []
         try:
             for _, meta in self._footers(path):
-                index = meta.schema.to_arrow_schema().get_field_index(column)
+                # the leaf column of that name (a nested column before it has several leaves)
+                index = next((i for i in range(meta.num_columns) if meta.schema.column(i).path == column), None)
                 for g in range(meta.num_row_groups):
-                    stats = meta.row_group(g).column(index).statistics if index >= 0 else None
+                    stats = meta.row_group(g).column(index).statistics if index is not None else None
                     if stats is None or not stats.has_min_max:
                         return None
                     lows.append(stats.min)
