@@ -15,7 +15,7 @@ from ivm.analysis import analyse
 from ivm.config import ProjectConfig
 from ivm.ir import Literal, Program, SetOf
 from ivm.maintain import cream, nested, reduce
-from ivm.maintain.counting import groupby_subgoals, view_predicates
+from ivm.maintain.counting import ephemeral, groupby_subgoals, view_predicates
 from ivm.maintain.delta_rules import delta_rules
 from ivm.maintain.dred import dred_rules
 from ivm.maintain.groupby import describe
@@ -134,6 +134,11 @@ def explain(program: Program, strata: Strata, config: ProjectConfig, view: str,
     algorithm, reasons = choose(program, strata, config, view)
     if choice is not None and choice.strategy != "counting" and config.views[view].mode != "full":
         algorithm, reasons = _count_free(program, config, view, choice.strategy)
+    else:
+        reasons += [f"{p}: not stored (ephemeral): its one reader is a GROUP BY whose aggregates are all "
+                    f"maintained from Δ{p} and the stored state (000 §6.2), so Δ{p} enters the state's delta "
+                    f"as a plan and a full refresh aggregates {p} without writing it"
+                    for p in own if p in ephemeral(program, strata)]
     return Explanation(
         view=view,
         language=config.views[view].language,

@@ -699,6 +699,9 @@ class _Maintenance:
                 states.replaced[name] = layer.path
                 if name in program.predicates:  # the predicates above read what was written, not its lineage
                     full.relations[name] = states.new(name)
+                elif name in project.groupby_states:  # T of its GROUPBY subgoal, as the state holds it
+                    st = project.groupby_states[name]
+                    full.groupby_tables[st.subgoal] = st.finalize(states.new(name))
             work.rows = self.written[work.view].rows
             how = f"full recompute ({work.reason}), {work.rows} rows"
         work.layers = {r: self.written[r] for r in project.stored_relations(work.view) if r in self.written}

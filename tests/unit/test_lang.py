@@ -8,6 +8,7 @@ import pytest
 from ivm.config import parse_project
 from ivm.errors import ConfigError
 from ivm.lang import compile_project
+from ivm.maintain.counting import ephemeral
 from ivm.stratify import stratify
 
 TABLES = {
@@ -102,6 +103,25 @@ def test_sql_aggregate_is_a_groupby_subgoal():
         "flight(r_flight_id_2, f_miles_5)."]
     assert strata.stratum_of["miles"] == 2
 
+
+
+def test_pre_aggregation_rows_are_ephemeral_when_no_aggregate_reads_them():
+    """A GROUP BY's input is stored only when Algorithm 6.1 may read it: MIN/MAX (a deleted extreme),
+    DISTINCT, or an aggregate that is not incrementally computable; or when anything else uses it."""
+    join = "FROM res r JOIN flight f ON r.flight_id = f.flight_id GROUP BY r.flight_id"
+    prog, strata = program({
+        "sums": {"sql": f"SELECT r.flight_id, count(*) AS n, sum(f.miles) AS s, avg(f.miles) AS a, "
+                        f"var_samp(f.miles) AS v {join}"},
+        "extremes": {"sql": f"SELECT r.flight_id, sum(f.miles) AS s, max(f.miles) AS m {join}"},
+        "distinct": {"sql": f"SELECT r.flight_id, count(DISTINCT f.miles) AS d {join}"},
+        "median": {"sql": f"SELECT r.flight_id, median(f.miles) AS m {join}"},
+        # a Datalog predicate is a set: what it passes upward is a set change, read against its stored
+        # counts (000 Algorithm 4.1 statement (2))
+        "cost_sum": {"datalog": "cost_hop(S, D, C1 + C2) :- clink(S, I, C1), clink(I, D, C2).\n"
+                                "cost_sum(S, D, M) :- groupby(cost_hop(S, D, C), [S, D], M = sum(C))."},
+    })
+    owner = {p: d.owner for p, d in prog.predicates.items() if d.kind == "aux"}
+    assert sorted(owner[p] for p in ephemeral(prog, strata)) == ["sums"]
 
 def test_sql_left_join_is_a_matched_and_a_padded_rule():
     prog, _ = program({"v": {"sql": "SELECT l.src, m.dst FROM link l LEFT JOIN link m ON l.dst = m.src"}})

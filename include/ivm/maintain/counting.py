@@ -77,6 +77,25 @@ def groupby_subgoals(program: Program, pred: str) -> list[tuple[str, int, GroupB
     return out
 
 
+def ephemeral(program: Program, strata: Strata) -> set[str]:
+    """Auxiliary predicates that are not stored: bag predicates outside recursion whose one use in the
+    program is a GROUPBY subgoal that maintains every aggregate from Δ(U) and its stored state alone
+    (COUNT, SUM, AVG, VARIANCE: 000 §6.2's incrementally computable functions). Algorithm 6.1 then
+    never reads U (no MIN/MAX whose extreme may leave, no group recomputed), so U's rows (a join's
+    result before its GROUP BY, as large as the join) would be written and kept for nothing: the full
+    evaluation computes U inside the state's plan, a refresh passes Δ(U) to the state as a plan (dbt's
+    "ephemeral" models: inlined into what reads them)."""
+    uses: dict[str, list[BodyItem]] = {}
+    for rule in program.rules:
+        for item in rule.body:
+            if isinstance(item, Literal | GroupBy | SetOf):
+                uses.setdefault(item.atom.pred, []).append(item)
+    recursive = {p for c in strata.components if c.recursive for p in c.predicates}
+    return {p for p, d in program.predicates.items()
+            if d.kind == "aux" and d.semantics == "bag" and p not in recursive and len(uses.get(p, [])) == 1
+            and isinstance(uses[p][0], GroupBy) and GroupByState.self_maintainable(uses[p][0])}
+
+
 def view_predicates(program: Program, strata: Strata, view: str) -> list[str]:
     """The view's own predicates (its auxiliary ones, then itself) in evaluation order."""
     own = [p for p, d in program.predicates.items() if d.kind == "aux" and d.owner == view] + [view]
@@ -96,10 +115,13 @@ def groupby_states(program: Program, empty: Evaluator) -> dict[str, GroupByState
 
 
 def stored_relations(program: Program, strata: Strata, states: dict[str, GroupByState], view: str) -> list[str]:
-    """Every relation maintaining ``view`` stores: its predicates, GROUPBY states, distinct-value counts."""
+    """Every relation maintaining ``view`` stores: its predicates (not the ephemeral ones), GROUPBY
+    states, distinct-value counts."""
     out = []
+    unstored = ephemeral(program, strata)
     for pred in view_predicates(program, strata, view):
-        out.append(pred)
+        if pred not in unstored:
+            out.append(pred)
         for name, _, _ in groupby_subgoals(program, pred):
             out += [name, *(states[name].distinct_name(v) for v in states[name].distinct_args())]
     return out
@@ -107,15 +129,22 @@ def stored_relations(program: Program, strata: Strata, states: dict[str, GroupBy
 
 def materialize(ev: Evaluator, states: dict[str, GroupByState], view: str):
     """Full evaluation of everything ``view`` stores, as (relation, Z-set) pairs in evaluation order:
-    each predicate from its rules, each GROUPBY state and distinct-value count from the grouped rows."""
+    each GROUPBY state and distinct-value count from the grouped rows, then the predicate from its
+    rules. The caller writes each pair before the next is computed; a predicate's GROUPBY subgoal
+    whose state was written (``ev.groupby_tables``) is read from it: the state holds T's values as the
+    full evaluation computes them, so the grouped rows are aggregated once. An ephemeral predicate is
+    evaluated inside what reads it, never on its own."""
+    unstored = ephemeral(ev.program, ev.strata)
     for pred in view_predicates(ev.program, ev.strata, view):
-        yield pred, ev.relation(pred)
+        if pred in unstored:
+            continue
         for name, _, g in groupby_subgoals(ev.program, pred):
             st = states[name]
             rows = ev.atom(g.atom)  # the grouped relation as used: consolidated, positive counts
             yield name, st.full(rows)
             for var in st.distinct_args():
                 yield st.distinct_name(var), st.distinct_rows(rows, var)
+        yield pred, ev.relation(pred)
 
 
 # -- a run's view of the stored relations ------------------------------------------------------------------
@@ -185,6 +214,8 @@ class Counting:
         self.groupbys = groupbys
         self.schemas = schemas
         self.ev = Evaluator(program, strata, {}, scratch=states.scratch, limits=limits)
+        #: auxiliary predicates no layer holds: only their Δ exists in a run
+        self.ephemeral = ephemeral(program, strata)
         #: Δ of every predicate as the predicates above it use it (statement (2) for set predicates);
         #: absent: unchanged in this run
         self.used_delta: dict[str, DataFrame] = {}
@@ -233,6 +264,7 @@ class Counting:
         """The predicate in a subgoal at ``state``: as the rules above it use it (sets: count 1)."""
         if state == DELTA:
             return self.used_delta[pred]
+        self._stored(pred)
         p = self.program.predicates[pred]
         if p.kind == nested.EXTRACTION:  # e_S at the parent's state (002 §2.2: e is not stored)
             [rule] = self.program.rules_for(pred)
@@ -249,10 +281,15 @@ class Counting:
             return self.states.new(pred) if state == NEW else self.states.old(pred)
         return self.used(pred, state)
 
+    def _stored(self, pred: str) -> None:
+        if pred in self.ephemeral:  # (`ephemeral` admits no use that reads the state: a bug if reached)
+            raise RuntimeError(f"{pred} is not stored (an ephemeral auxiliary predicate): only its Δ exists")
+
     def source(self, atom: Atom, state: str, groups: DataFrame | None = None,
                group_vars: list[str] | None = None) -> DataFrame:
         """The atom's predicate at ``state`` as used, consolidated (positive counts), restricted before
         consolidating to the tuples whose ``group_vars`` occur in ``groups``."""
+        self._stored(atom.pred)
         p = self.program.predicates[atom.pred]
         raw = self.states.new(atom.pred) if state == NEW else self.states.old(atom.pred)
         if groups is not None and group_vars:
@@ -288,8 +325,13 @@ class Counting:
                 i = d.states.index(DELTA)
                 if self.changed(d.rule.body[i].atom.pred):
                     terms.append(self.delta_rule(pred, r, d, i))
-        delta = self.states.put_delta(pred, consolidate(union_all(terms), self.program.predicates[pred].columns)) \
-            if terms else None
+        if not terms:
+            return None
+        delta = consolidate(union_all(terms), self.program.predicates[pred].columns)
+        if pred in self.ephemeral:  # not stored: Δ(pred) enters its one GROUPBY subgoal's state delta as a plan
+            self.used_delta[pred] = delta
+            return delta
+        delta = self.states.put_delta(pred, delta)
         self.note_delta(pred, delta)
         return delta
 

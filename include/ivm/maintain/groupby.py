@@ -96,6 +96,16 @@ class GroupByState:
     #: Spark types of T's aggregate columns, as the full evaluation produces them
     out_types: dict[str, DataType]
 
+    #: aggregate kinds whose new value comes from the old state and Δ(U) alone, in every case
+    SELF_MAINTAINABLE = frozenset({"star", "count", "sum", "avg", "variance"})
+
+    @staticmethod
+    def self_maintainable(g: GroupBy) -> bool:
+        """Whether Algorithm 6.1 maintains the subgoal without ever reading U: no MIN/MAX (a deleted
+        extreme sends its group back to U), no DISTINCT (its own relation of values) and nothing that is
+        not incrementally computable (recomputed from U)."""
+        return all(kind(a) in GroupByState.SELF_MAINTAINABLE for a in g.aggregates)
+
     @property
     def by(self) -> list[str]:
         return [v.name for v in self.subgoal.by]
@@ -160,7 +170,7 @@ class GroupByState:
 
         ``delta_rows``: Δ(U) as variables + ``__count``, consolidated. ``old_state``: the stored state
         (unconsolidated layers). ``new_rows(groups)``: Uᵛ's consolidated rows restricted to ``groups``,
-        for the groups that must be recomputed. ``distinct_changes``: per DISTINCT argument, the
+        for the groups that must be recomputed (never called for a self-maintainable subgoal). ``distinct_changes``: per DISTINCT argument, the
         set changes (±1) of its (group, value) relation.
         """
         by = self.by
@@ -187,16 +197,20 @@ class GroupByState:
         keep = [F.col(_q(f.name)) for f in schema.fields]
         incremental = merged.where(~F.col("__recompute")).select(*keep)
         flagged = merged.where(F.col("__recompute"))
-        if by:
-            recomputed = self.full(new_rows(flagged.select(*[F.col(_q(b)) for b in by]))).drop(C)
-        else:  # the one global group: recomputed over the whole new input, only if flagged
-            recomputed = (self.full(new_rows(None)).drop(C)
-                          .crossJoin(flagged.select(F.lit(1).alias("__f")).limit(1)).drop("__f"))
-        new = incremental.unionByName(recomputed.select(*keep))
+        new = incremental if self.self_maintainable(self.subgoal) else \
+            incremental.unionByName(self._recomputed(flagged, new_rows).select(*keep))  # (U is read only here)
         if by:  # a group with no rows left is gone; the global aggregate keeps its row (SQL)
             new = new.where(F.col(ROWS) > 0)
         return consolidate(new.withColumn(C, F.lit(1).cast("long"))
                            .unionByName(old.select(*keep).withColumn(C, F.lit(-1).cast("long"))))
+
+    def _recomputed(self, flagged: DataFrame, new_rows: Callable[[DataFrame], DataFrame]) -> DataFrame:
+        """The new state of the flagged groups, from Uᵛ's rows."""
+        if self.by:
+            return self.full(new_rows(flagged.select(*[F.col(_q(b)) for b in self.by]))).drop(C)
+        # the one global group: recomputed over the whole new input, only if flagged
+        return (self.full(new_rows(None)).drop(C)
+                .crossJoin(flagged.select(F.lit(1).alias("__f")).limit(1)).drop("__f"))
 
     def _partial(self, rows: DataFrame) -> DataFrame:
         """Per group, the rows' contribution to each decomposed function (Δ(U)'s, or all of U's in

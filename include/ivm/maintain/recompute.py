@@ -80,6 +80,9 @@ class Evaluator:
         self._scratch = scratch
         self.limits = dict(limits or {})
         self.plans_only = plans_only
+        #: T of GROUPBY subgoals already computed, read instead of aggregating again (a full refresh
+        #: writes each GROUPBY state first: it holds T's values, ivm.maintain.counting.materialize)
+        self.groupby_tables: dict[GroupBy, DataFrame] = {}
 
     @property
     def scratch(self) -> Scratch:
@@ -137,7 +140,9 @@ class Evaluator:
 
     def groupby(self, g: GroupBy, source: DataFrame | None = None) -> DataFrame:
         """000 §6.2: one tuple per group of the atom's bag, with the aggregates; count 1. ``source``:
-        the grouped relation as used, consolidated (default: this evaluator's)."""
+        the grouped relation as used, consolidated (default: this evaluator's, or T as computed already)."""
+        if source is None and g in self.groupby_tables:
+            return self.groupby_tables[g]
         rows = expand(self.atom(g.atom, source))
         aggs = [F.expr(a.call()).alias(a.var.name) for a in g.aggregates]
         grouped = rows.groupBy(*[F.col(_q(v.name)) for v in g.by]).agg(*aggs) if g.by else rows.agg(*aggs)
