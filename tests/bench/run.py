@@ -27,6 +27,7 @@ import os
 import platform
 import shutil
 import sys
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -66,6 +67,7 @@ class Figure:
     bytes_written: int
     shuffled: int = 0  # records written to shuffles: the intermediate rows the plans exchanged
     detail: str = ""  # what the maintenance reported (REDUCE: candidate, existing, target rows)
+    warmup: list[float] | None = None  # the unmeasured warm-up refreshes before it (seconds)
 
 
 class SparkCounters:
@@ -127,17 +129,21 @@ def run_view(view: str, args, root: Path, counters_for) -> list[Figure]:
         return sum(project.append(table, str(path)).rows for table, path in files.items()
                    if table in project.config.tables)
 
-    # a warm session: the initial materialization ran the full path; one unmeasured incremental refresh of
-    # each kind of change at the smallest Δ runs the incremental one (its first plans pay for code
-    # generation and class loading: ~4 s of the closure's first DRed refresh)
+    # a warm session: the initial materialization ran the full path; WARMUP unmeasured incremental refreshes
+    # of each kind of change at the smallest Δ run the incremental one (its first plans pay
+    # for class loading and code generation, ~4 s of the closure's first DRed refresh, and the JVM compiles
+    # the hot paths over the next few: a trim of 6,000 lineitem changes took 4.4, 1.3, 1.0, 0.9 ... 0.55 s)
+    warmup = {}
     for kind in dict.fromkeys(k for _, k in plan):
-        append(min(args.deltas), kind)
-        project.refresh([name], mode="incremental")
+        warmup[kind] = warm_up(lambda kind=kind: append(min(args.deltas), kind),
+                               lambda: project.refresh([name], mode="incremental"))
+        print(f"{view} {kind}: warm-up refreshes {', '.join(f'{t:.2f}' for t in warmup[kind])} s", flush=True)
     for fraction, kind in plan:
         n = append(fraction, kind)
         result, *numbers = counters.measure(lambda: project.refresh([name], mode="incremental"))
         detail = ", ".join(f"{k} {v}" for w in result.views for k, v in w.detail.items())
-        figures.append(Figure(view, fraction, kind, "incremental", n, *numbers, detail=detail))
+        figures.append(Figure(view, fraction, kind, "incremental", n, *numbers, detail=detail,
+                              warmup=warmup[kind]))
         # T_full: a refresh in full mode of a second change of the same size; like any refresh it applies
         # the change to the tables (the trim) before recomputing the view and publishing
         n_full = append(fraction, kind)
@@ -160,6 +166,23 @@ def run_view(view: str, args, root: Path, counters_for) -> list[Figure]:
     return figures
 
 
+#: unmeasured refreshes per kind of change before the figures: JMH's default count of warm-up iterations
+#: (a steadiness test, two in a row within 10%, stopped at a plateau after 3 while later ones were still
+#: 25% faster)
+WARMUP = 5
+
+
+def warm_up(prepare, refresh) -> list[float]:
+    """WARMUP unmeasured refreshes, each after ``prepare()`` (a change appended): their times."""
+    times: list[float] = []
+    for _ in range(WARMUP):
+        prepare()
+        started = time.perf_counter()
+        refresh()
+        times.append(time.perf_counter() - started)
+    return times
+
+
 def machine() -> list[str]:
     import pyspark
 
@@ -179,8 +202,10 @@ def report(figures: list[Figure], args, out: Path) -> None:
     lines = ["# ivm benchmark: incremental refresh vs full recompute", "",
              *[f"- {m}" for m in machine()],
              f"- TPC-H SF {args.sf:g} (tpchgen-cli); closure over {args.edges} edges (chains of 10 nodes)",
-             "- one warm Spark session (the initial materialization and one unmeasured incremental refresh of "
-             "each kind of change at the smallest Δ ran before the figures); validation off; each T is a whole "
+             "- one warm Spark session: the initial materialization ran before the figures, then "
+             f"{WARMUP} unmeasured incremental refreshes of each kind of change at the smallest Δ (JMH's default "
+             "count of warm-up iterations; their times are listed below the table); validation off; each T is a "
+             "whole "
              "`ivm refresh` (plan, trim, maintain or "
              "recompute, publish): T_inc with `--mode incremental`, T_full with `--mode full` on a second change "
              "of the same size (both apply the change to the tables first)", "",
@@ -199,6 +224,10 @@ def report(figures: list[Figure], args, out: Path) -> None:
         lines.append(f"| {view} | {delta:.2%} | {kind} | {inc.changes} | {inc.seconds:.2f} | {full.seconds:.2f} | "
                      f"{inc.seconds / full.seconds:.3f} | {inc.jobs}/{full.jobs} | {inc.rows_read}/{full.rows_read} | "
                      f"{inc.bytes_written}/{full.bytes_written} |")
+    warmups = {(f.view, f.change): f.warmup for f in figures if f.warmup}
+    if warmups:
+        lines += ["", "Warm-up (unmeasured incremental refreshes at the smallest Δ, in order): " + "; ".join(
+            f"{view} {kind}: {', '.join(f'{t:.2f}' for t in times)} s" for (view, kind), times in warmups.items())]
     autos = [(key, pair) for key, pair in by.items() if "auto" in pair and "full" in pair]
     if autos:
         lines += ["", "## `--mode auto` (the crossover from measured costs)", "",
