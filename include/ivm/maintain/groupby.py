@@ -170,8 +170,8 @@ class GroupByState:
 
         ``delta_rows``: Δ(U) as variables + ``__count``, consolidated. ``old_state``: the stored state
         (unconsolidated layers). ``new_rows(groups)``: Uᵛ's consolidated rows restricted to ``groups``,
-        for the groups that must be recomputed (never called for a self-maintainable subgoal). ``distinct_changes``: per DISTINCT argument, the
-        set changes (±1) of its (group, value) relation.
+        for the groups that must be recomputed (never called for a self-maintainable subgoal).
+        ``distinct_changes``: per DISTINCT argument, the set changes (±1) of its (group, value) relation.
         """
         by = self.by
         partial = self._partial(delta_rows)
