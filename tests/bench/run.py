@@ -209,9 +209,7 @@ def report(figures: list[Figure], args, out: Path) -> None:
              "- one warm Spark session: the initial materialization ran before the figures, then "
              f"{WARMUP} unmeasured incremental refreshes of each kind of change at the smallest Δ (JMH's default "
              "count of warm-up iterations; their times are listed below the table); validation off; no compaction "
-             "(`storage.compact_max_layers: 100`); each T is a "
-             "whole "
-             "`ivm refresh` (plan, trim, maintain or "
+             "(`storage.compact_max_layers: 100`); each T is a whole `ivm refresh` (plan, trim, maintain or "
              "recompute, publish): T_inc with `--mode incremental`, T_full with `--mode full` on a second change "
              "of the same size (both apply the change to the tables first)", "",
              "| view | Δ | kind | changed rows | T_inc s | T_full s | T_inc/T_full | jobs inc/full | "
