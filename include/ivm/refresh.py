@@ -71,6 +71,9 @@ class TableDelta:
     layer: WrittenLayer | None = None
     #: the trim stage has staged this table's delta
     trimmed: bool = False
+    #: keys of a keyed table whose net delta updates them (both images), as the trim observed; None:
+    #: not known (a bag table, a replay of published deltas)
+    updated_keys: int | None = None
 
 
 @dataclass
@@ -450,7 +453,7 @@ def trim_table(project: Project, run_id: str, item: TableDelta) -> Callable[[], 
         if layer.rows == 0:  # every change cancelled out: advance the watermark, keep no empty layer
             project.warehouse.delete(layer.path)
             layer = None
-        item.layer, item.delta_rows = layer, layer.rows if layer else 0
+        item.layer, item.delta_rows, item.updated_keys = layer, layer.rows if layer else 0, net.updated_keys()
         item.seconds = time.perf_counter() - started
         return item
 
@@ -517,6 +520,7 @@ def load_plan(project: Project, run_id: str) -> tuple[Plan, dict[str, int | None
             r = trimmed[t["table"]]
             item.delta_rows, item.seconds, item.trimmed = r.delta_rows or 0, r.seconds or 0.0, True
             item.layer = _layer(r.detail["layer"]) if r.detail.get("layer") else None
+            item.updated_keys = r.detail.get("updated_keys")
         p.tables.append(item)
     defined = project.catalog.view_defs()
     for v in d["views"]:
@@ -576,7 +580,7 @@ def trim_stage(project: Project, run_id: str, progress: Progress = lambda _: Non
             "trim", item.table, mode="incremental", rows_in=item.log_rows, delta_rows=item.delta_rows,
             seconds=round(item.seconds, 3), status="staged",
             detail={"from_version": item.from_version, "to_version": item.to_version,
-                    "layer": _layer_json(item.layer) if item.layer else None}))
+                    "layer": _layer_json(item.layer) if item.layer else None, "updated_keys": item.updated_keys}))
         progress(f"trim: {item.table}: commit versions {item.from_version + 1}..{item.to_version}, "
                  f"{item.log_rows} {'rows of published deltas' if p.replay else 'changes'} -> net delta of "
                  f"{item.delta_rows} rows ({item.seconds:.2f} s)")
@@ -608,6 +612,8 @@ class _Maintenance:
             if t.layer:
                 self.states.delta_paths[t.table], self.states.delta_bytes[t.table] = t.layer.path, t.layer.bytes or 0
                 self.counting.note_delta(t.table, self.states.delta(t.table))
+            if t.updated_keys is not None:
+                self.counting.updated_keys[t.table] = t.updated_keys
         self.full = Evaluator(program, strata, {}, scratch=scratch, limits=project.max_iterations)
         self.count_free = CountFree(program, strata, self.counting)
         for work in p.views:  # what earlier stages staged: the views of lower strata
@@ -679,6 +685,10 @@ class _Maintenance:
             if taken:  # keyed lookups and foreign keys (ivm.maintain.references)
                 work.detail["subgoals from deltas"] = taken
                 how += f"; {taken} delta-rule subgoals taken from the deltas (keyed lookups, foreign keys)"
+            once = sorted({t for pred in preds for t in counting.factorings.get(pred, [])})
+            if once:  # unchanged subgoals joined once for all delta rules (Counting.factored)
+                work.detail["joined once"] = len(once)
+                how += f"; {', '.join(once)} joined once for all delta rules (unchanged)"
             ids = sum(counting.probes.values()) - sum(probed.values())
             if ids:  # 002 §4.3: collection changes reached their owners through the owner indexes
                 work.detail["probed collection ids"] = ids

@@ -218,7 +218,8 @@ def negative_counts(project: Project, states: list[ViewState]) -> dict[str, str]
         delta = project.warehouse.read_layers(project.spark, [st.delta], schema)
         cols = [c for c in delta.columns if c != COUNT_COLUMN]
         new = project.warehouse.read_layers(project.spark, st.paths, schema)
-        counts = consolidate(restrict(new, delta.select(*[F.col(f"`{c}`") for c in cols]).distinct(), cols), cols)
+        # (a semi-join needs no distinct keys: no shuffle of the delta for them)
+        counts = consolidate(restrict(new, delta.select(*[F.col(f"`{c}`") for c in cols]), cols), cols)
         checks.append(counts.where(F.col(COUNT_COLUMN) < 0).limit(1).select(
             F.lit(st.view).alias("view"), F.to_json(F.struct(*[F.col(f"`{c}`") for c in cols])).alias("row"),
             F.col(COUNT_COLUMN)))

@@ -168,6 +168,9 @@ def run_trim(spark, table: TableConfig, rows: list[tuple], changes: list[tuple],
     for r in delta:
         assert r["__count"] != 0
         out[tuple(r[c] for c in cols)] += r["__count"]
+    # the keys updated (a −1 and a +1 image), as observed while the delta was computed; a bag has no keys
+    sides = Counter(k for k, _ in {(r[0], n > 0) for r, n in out.items()}) if table.keyed else None
+    assert net.updated_keys() == (sum(1 for n in sides.values() if n == 2) if table.keyed else None)
     return out
 
 

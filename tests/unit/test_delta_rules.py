@@ -53,3 +53,22 @@ def test_delta_rules_as_sql_add_up_to_the_change_of_the_view():
         expected.subtract(_zset(con, rule_sql(PROGRAM, rule, tuple("old" for _ in rule.body))))
         assert {k: v for k, v in total.items() if v} == {k: v for k, v in expected.items() if v}, view
         assert total, "the batch changes the view"
+
+
+def test_terms_join_their_changed_subgoals_without_a_cross_product():
+    """`Counting.factored` joins the unchanged subgoals once after the terms, only where each term's
+    changed subgoals join one another: in a(X), b(X, Y), c(Y) with a and c changed, Δa ⋈ c would be a
+    cross product (b joins them), so the terms keep b; with a and b changed, c joins the terms' sum."""
+    from ivm.ir import Atom, Literal, Var
+    from ivm.maintain.recompute import connected, join_order
+
+    def lit(pred, *names):
+        return Literal(Atom(pred, tuple(Var(n) for n in names)))
+
+    body = (lit("a", "X"), lit("b", "X", "Y"), lit("c", "Y"))
+    assert join_order(body, 0, {0, 2}) == [0, 2] and not connected(body, [0, 2])
+    assert all(connected(body, join_order(body, i, {0, 1})) for i in (0, 1))
+    # the unchanged subgoals after the terms: started from the variables the terms bind
+    assert join_order(body, among={2}, bound=frozenset({"X", "Y"})) == [2]
+    assert join_order(body, among={0, 2}, bound=frozenset({"Y"})) == [2, 0]
+    assert connected(body, [2], frozenset({"Y"})) and not connected(body, [0], frozenset({"Y"}))

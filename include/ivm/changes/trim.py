@@ -100,8 +100,9 @@ def _keyed(events: DataFrame, snapshot: DataFrame, table: TableConfig, stored_ro
     return timeline.withColumn(PROBLEM, problem)
 
 
-def _keyed_delta(annotated: DataFrame, table: TableConfig) -> DataFrame:
-    """002 §3: the net effect of a key's chain is its first before-image against its last after-image."""
+def _keyed_delta(annotated: DataFrame, table: TableConfig, updates: Observation) -> DataFrame:
+    """002 §3: the net effect of a key's chain is its first before-image against its last after-image.
+    ``updates`` observes how many keys keep a row with a new value (both images: updated)."""
     columns, key = list(table.columns), list(table.key or [])
     step = F.struct(F.col(SIGN).alias("sign"), F.col(ROW).alias("row"), F.col(IS_OLD).alias("old"))
     order = F.struct(*[F.col(c) for c in ORDER])
@@ -114,6 +115,8 @@ def _keyed_delta(annotated: DataFrame, table: TableConfig) -> DataFrame:
         F.when(before.isNotNull() & ~noop, F.struct(before.alias("row"), F.lit(-1).cast("long").alias("n"))),
         F.when(after.isNotNull() & ~noop, F.struct(after.alias("row"), F.lit(1).cast("long").alias("n")))),
         lambda x: x.isNotNull())
+    updated = before.isNotNull() & after.isNotNull() & ~noop
+    chains = chains.observe(updates, F.count(F.when(updated, 1)).alias("updated"))
     return (chains.select(F.explode(images).alias("i"))
                   .select(*[F.col("i.row").getField(c).alias(c) for c in columns], F.col("i.n").alias(COUNT_COLUMN)))
 
@@ -150,17 +153,32 @@ class NetDelta:
     table: TableConfig
     delta: DataFrame
     _observed: Observation
+    #: a keyed table's observation of its updated keys
+    _updates: Observation | None = None
 
     def check(self) -> None:
-        if self._observed._jo.getRow().length() == 0:
-            # Spark proved the events empty (an empty log and snapshot) and dropped the observation with
-            # the plan: there was nothing to check (`Observation.get` fails on the empty row)
+        found = _observed(self._observed)
+        if found is None:  # (an empty plan: nothing to check)
             return
-        found = self._observed.get
         if found["problems"]:
             bad = found["first"]
             raise ChangeDataError(f"table {self.name}: commit version {bad[COMMIT_VERSION]}, row "
                                   f"{describe_row(bad, self.table.columns)}: {bad[PROBLEM]}; nothing was applied")
+
+
+    def updated_keys(self) -> int | None:
+        """After the delta's write: the keys of a keyed table whose net delta holds both images (an
+        update: −1 old row, +1 new row), counted while the delta was written; None for a bag."""
+        if self._updates is None:
+            return None
+        found = _observed(self._updates)
+        return 0 if found is None else found["updated"]
+
+
+def _observed(o: Observation) -> dict | None:
+    """An observation's metrics after the action, or None when Spark proved the observed rows empty and
+    dropped the observation with the plan (`Observation.get` fails on that empty row)."""
+    return None if o._jo.getRow().length() == 0 else o.get
 
 
 def trim(name: str, table: TableConfig, log: DataFrame, snapshot: DataFrame, stored_rows: int = 0,
@@ -180,4 +198,7 @@ def trim(name: str, table: TableConfig, log: DataFrame, snapshot: DataFrame, sto
     observed = Observation(f"trim {name}")
     annotated = annotated.observe(observed, F.count(F.when(bad, 1)).alias("problems"),
                                   F.min_by(F.when(bad, first), F.when(bad, F.struct(*ORDER))).alias("first"))
-    return NetDelta(name, table, (_keyed_delta if table.keyed else _unkeyed_delta)(annotated, table), observed)
+    if not table.keyed:
+        return NetDelta(name, table, _unkeyed_delta(annotated, table), observed)
+    updates = Observation(f"trim {name} updates")
+    return NetDelta(name, table, _keyed_delta(annotated, table, updates), observed, updates)

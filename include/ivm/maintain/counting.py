@@ -51,7 +51,7 @@ from ivm.maintain.delta_rules import DELTA, NEW, OLD, DeltaRule, delta_rules
 from ivm.maintain.dred import DRed, RuleChange
 from ivm.maintain.fixpoint import BROADCAST_BYTES
 from ivm.maintain.groupby import GroupByState
-from ivm.maintain.recompute import Evaluator, as_used
+from ivm.maintain.recompute import Evaluator, as_used, connected, join_order
 from ivm.storage import Scratch
 from ivm.stratify import Component, Strata
 from ivm.zset import anti_join, consolidate, restrict, union_all
@@ -234,6 +234,11 @@ class Counting:
         self.shortcuts: dict[str, int] = {}
         #: the keys each shortcut reads from storage in this run
         self.shortcut_keys: dict[references.Shortcut, references.KeysRead] = {}
+        #: keys of a keyed table's net delta that are updates (both images), as its trim observed them
+        #: (absent: not known); none means a foreign key's "read for updated keys" reads nothing
+        self.updated_keys: dict[str, int] = {}
+        #: per predicate, the unchanged subgoals its delta rules joined once for all terms (`factored`)
+        self.factorings: dict[str, list[str]] = {}
 
     # -- states of a subgoal's predicate ---------------------------------------------------------------
 
@@ -321,10 +326,10 @@ class Counting:
             return self.states.delta(pred)
         terms = []
         for r, rule in enumerate(self.program.rules_for(pred)):
-            for d in delta_rules(rule):
-                i = d.states.index(DELTA)
-                if self.changed(d.rule.body[i].atom.pred):
-                    terms.append(self.delta_rule(pred, r, d, i))
+            ds = [(d, d.states.index(DELTA)) for d in delta_rules(rule)]
+            ds = [(d, i) for d, i in ds if self.changed(d.rule.body[i].atom.pred)]
+            shared = self.factored(pred, r, ds)
+            terms += [shared] if shared is not None else [self.delta_rule(pred, r, d, i) for d, i in ds]
         if not terms:
             return None
         delta = consolidate(union_all(terms), self.program.predicates[pred].columns)
@@ -342,6 +347,49 @@ class Counting:
         return self.ev.rule(d.rule, lambda j, item: probed[j] if j in probed else
                             self.subgoal(pred, r, j, item, d.states[j]),
                             lambda j, item, df: self.absent(item, df, d.states[j]), first=i)
+
+    def factored(self, pred: str, r: int, ds: list[tuple[DeltaRule, int]]) -> DataFrame | None:
+        """The delta rules ``ds`` of one rule (Δ subgoal positions given) as one plan when they share
+        subgoals that did not change in this run; None when they do not (evaluate them one by one).
+
+        An unchanged subgoal is the same relation at its old and new state, so every term of 000
+        Definition 4.1 joins it the same way, and joins distribute over ⊎:
+        ``⊎ᵢ (Tᵢ ⋈ U) = (⊎ᵢ Tᵢ) ⋈ U``. The terms are joined over the changed subgoals alone, added up,
+        and the unchanged subgoals joined once (Q3: ``(Δo ⋈ L ⊎ Oᵛ ⋈ Δl) ⋈ C`` reads customer once,
+        not per term). Only where each term's changed subgoals join without a cross product; a
+        subgoal a term takes from the deltas through a foreign key (a read at a few keys) stays in the
+        terms. Rules with negation, aggregation, sets of values, nested data or set operators' null-safe
+        joins are evaluated term by term."""
+        if len(ds) < 2:
+            return None
+        rule = ds[0][0].rule
+        body = rule.body
+        for item in body:
+            if isinstance(item, GroupBy | SetOf) or (isinstance(item, Literal) and (item.negated or item.null_safe)):
+                return None
+            if isinstance(item, Literal) and (self.program.predicates[item.atom.pred].kind == nested.EXTRACTION
+                                              or self.program.predicates[item.atom.pred].role is not None):
+                return None
+        taken = [references.shortcuts(self.program, d, i) for d, i in ds]
+        shared = {j for j, item in enumerate(body) if isinstance(item, Literal) and not self.changed(item.atom.pred)
+                  and all(t.get(j) is None or t[j].kind == "lookup" for t in taken)}
+        inner = {j for j, item in enumerate(body) if isinstance(item, Literal)} - shared
+        if not shared or not all(connected(body, join_order(body, i, inner)) for _, i in ds):
+            return None
+        parts = []
+        for d, i in ds:
+            probed = references.apply(self, d, i, inner)
+            df, _, _ = self.ev.joins(rule, lambda j, item, d=d, probed=probed: probed[j] if j in probed else
+                                     self.subgoal(pred, r, j, item, d.states[j]), join_order(body, i, inner))
+            parts.append(df)
+        terms = union_all(parts)
+        bound = frozenset(c for c in terms.columns if c != C)
+        df, _, _ = self.ev.joins(rule, lambda j, item: self.subgoal(pred, r, j, item, OLD),
+                                 join_order(body, among=shared, bound=bound), df=terms)
+        log.info("%s: %d delta rules joined once with %s (unchanged)", pred, len(ds),
+                 ", ".join(body[j].atom.pred for j in sorted(shared)))
+        self.factorings[pred] = sorted(body[j].atom.pred for j in shared)
+        return self.ev.finish(rule, df, inner | shared, self.ev.absent)
 
     def subgoal(self, pred: str, r: int, j: int, item: BodyItem, state: str) -> DataFrame | None:
         """The relation body item ``j`` of rule ``r`` of ``pred`` joins at ``state`` (old, new or Δ);

@@ -184,9 +184,15 @@ class Evaluator:
         Δʳ-rule): its variables match whole tuples, NULLs equal, until a body item binds them.
         """
         subgoal, absent = subgoal or self.subgoal, absent or self.absent
-        df: DataFrame | None = None
+        df, joined, lead = self.joins(rule, subgoal, join_order(rule.body, first), restrict_first=restrict_first)
+        return self.finish(rule, df, joined, absent, lead)
+
+    def joins(self, rule: Rule, subgoal: Subgoal, order: list[int], df: DataFrame | None = None,
+              restrict_first: bool = False) -> tuple[DataFrame | None, set[int], set[str]]:
+        """The joins of ``rule``'s subgoals in ``order`` (body indexes; other body items are skipped),
+        onto ``df`` if given: (the joined relation, the body items joined, the variables bound by a
+        restricting first item alone)."""
         joined: set[int] = set()
-        order = join_order(rule.body, first)
         # set operators compare whole tuples with NULLs equal: the rule's joins are all null-safe then,
         # whichever side the joins start from
         null_safe = any(isinstance(i, Literal) and i.null_safe for i in rule.body)
@@ -201,6 +207,12 @@ class Evaluator:
                     lead = {c for c in right.columns if c != C} if start and restrict_first else \
                         lead - set(right.columns)
                     joined.add(i)
+        return df, joined, lead
+
+    def finish(self, rule: Rule, df: DataFrame | None, joined: set[int], absent: Absent,
+               lead: set[str] = frozenset()) -> DataFrame:
+        """The rule's head from its joined subgoals ``df``: assignments, unnests, conditions, the
+        negated atoms not joined (``absent``), the head's columns."""
         if df is None:  # a rule of conditions only: one empty tuple
             df = self._unit()
         pending = [i for i in rule.body if isinstance(i, Assign | Unnest)]
@@ -227,26 +239,43 @@ class Evaluator:
         return any_rel.sparkSession.range(1).select(F.lit(1).cast("long").alias(C))
 
 
-def join_order(body: tuple[BodyItem, ...], first: int | None = None) -> list[int]:
+def join_order(body: tuple[BodyItem, ...], first: int | None = None, among: set[int] | None = None,
+               bound: frozenset[str] = frozenset()) -> list[int]:
     """The order a rule's subgoals are joined in: ``first`` (a delta rule's Δ subgoal; else the first
-    subgoal), then each next subgoal that shares a variable with those joined (in body order among
-    them), so a join is a cross product only where the rule is one; the other body items after them.
+    subgoal, or with variables ``bound`` already, the first sharing one), then each next subgoal that
+    shares a variable with those joined (in body order among them), so a join is a cross product only
+    where the rule is one; the other body items after them. ``among``: only these body items.
     Spark does not reorder these joins itself: the projections between them hide the join graph."""
-    def variables(item) -> set[str]:
-        return item.atom.variables() if isinstance(item, Literal) else item.variables()
-
     joinable = [i for i, x in enumerate(body)
-                if isinstance(x, GroupBy | SetOf) or (isinstance(x, Literal) and (not x.negated or i == first))]
+                if (among is None or i in among)
+                and (isinstance(x, GroupBy | SetOf) or (isinstance(x, Literal) and (not x.negated or i == first)))]
     if not joinable:
-        return list(range(len(body)))
-    start = first if first is not None else joinable[0]
-    order, bound, rest = [start], variables(body[start]), [i for i in joinable if i != start]
+        return list(range(len(body))) if among is None else []
+    order, rest = [], list(joinable)
+    if first is not None:
+        order.append(first)
+        rest.remove(first)
+    seen = set(bound) | (_variables(body[first]) if first is not None else set())
     while rest:
-        nxt = next((i for i in rest if variables(body[i]) & bound), rest[0])
+        nxt = next((i for i in rest if _variables(body[i]) & seen), rest[0])
         order.append(nxt)
         rest.remove(nxt)
-        bound |= variables(body[nxt])
-    return order + [i for i in range(len(body)) if i not in order]
+        seen |= _variables(body[nxt])
+    return order + ([i for i in range(len(body)) if i not in order] if among is None else [])
+
+
+def connected(body: tuple[BodyItem, ...], order: list[int], bound: frozenset[str] = frozenset()) -> bool:
+    """Whether joining ``order``'s subgoals in turn (after variables ``bound``) is never a cross product."""
+    seen = set(bound)
+    for n, i in enumerate(order):
+        if (n or seen) and not _variables(body[i]) & seen:
+            return False
+        seen |= _variables(body[i])
+    return True
+
+
+def _variables(item: BodyItem) -> set[str]:
+    return item.atom.variables() if isinstance(item, Literal) else item.variables()
 
 
 def _equal(a, b, null_safe: bool):

@@ -113,10 +113,13 @@ def shortcuts(program: Program, d: DeltaRule, i: int) -> dict[int, Shortcut]:
     return out
 
 
-def apply(c: Counting, d: DeltaRule, i: int) -> dict[int, DataFrame]:
-    """The relations (the atoms' variables + ``__count``) of the subgoals `shortcuts` finds."""
+def apply(c: Counting, d: DeltaRule, i: int, among: set[int] | None = None) -> dict[int, DataFrame]:
+    """The relations (the atoms' variables + ``__count``) of the subgoals `shortcuts` finds (those at
+    the body positions ``among`` only, if given)."""
     out = {}
     for j, sc in shortcuts(c.program, d, i).items():
+        if among is not None and j not in among:
+            continue
         state = d.states[j]
         raw = _lookup(c, sc, state) if sc.kind == "lookup" else _reference(c, sc, state)
         out[j] = c.ev.atom(d.rule.body[j].atom, raw)
@@ -193,6 +196,9 @@ def _reference(c: Counting, sc: Shortcut, state: str) -> DataFrame:
     if ds is not None:  # deleted keys' rows at the old state, inserted keys' rows at the new one
         ending = sums.where(F.col("__sum") == (-1 if state == OLD else 1)).select(fk)
         parts.append(_at(restrict(ds, ending, [fk]), state))
-    parts.append(_read(c, sc, state, sums.where(F.col("__sum") == 0).select(fk)))
+    if c.updated_keys.get(sc.via) == 0:  # the trim counted no updated key of ΔR: nothing to read or find
+        log.info("%s: no updated keys (the trim of %s counted none), nothing to read", sc, sc.via)
+    else:
+        parts.append(_read(c, sc, state, sums.where(F.col("__sum") == 0).select(fk)))
     parts = [p for p in parts if p is not None]
     return union_all(parts) if parts else c.joined(sc.table, state).where(F.lit(False))
