@@ -165,7 +165,6 @@ class NetDelta:
             raise ChangeDataError(f"table {self.name}: commit version {bad[COMMIT_VERSION]}, row "
                                   f"{describe_row(bad, self.table.columns)}: {bad[PROBLEM]}; nothing was applied")
 
-
     def updated_keys(self) -> int | None:
         """After the delta's write: the keys of a keyed table whose net delta holds both images (an
         update: −1 old row, +1 new row), counted while the delta was written; None for a bag."""
