@@ -358,18 +358,22 @@ class Counting:
         and the unchanged subgoals joined once (Q3: ``(Δo ⋈ L ⊎ Oᵛ ⋈ Δl) ⋈ C`` reads customer once,
         not per term). Only where each term's changed subgoals join without a cross product; a
         subgoal a term takes from the deltas through a foreign key (a read at a few keys) stays in the
-        terms. Rules with negation, aggregation, sets of values, nested data or set operators' null-safe
-        joins are evaluated term by term."""
+        terms. Rules with negation, aggregation, sets of values, nested data's extraction functions or
+        owner indexes, or set operators' null-safe joins are evaluated term by term (an UNNEST is applied
+        after all joins either way, so it distributes like the joins)."""
         if len(ds) < 2:
             return None
         rule = ds[0][0].rule
         body = rule.body
-        for item in body:
-            if isinstance(item, GroupBy | SetOf) or (isinstance(item, Literal) and (item.negated or item.null_safe)):
-                return None
-            if isinstance(item, Literal) and (self.program.predicates[item.atom.pred].kind == nested.EXTRACTION
-                                              or self.program.predicates[item.atom.pred].role is not None):
-                return None
+
+        def plain(item: BodyItem) -> bool:  # a positive join the terms share or not, nothing else
+            if not isinstance(item, Literal):
+                return not isinstance(item, GroupBy | SetOf)
+            p = self.program.predicates[item.atom.pred]
+            return not (item.negated or item.null_safe or p.kind == nested.EXTRACTION or p.role is not None)
+
+        if not all(plain(item) for item in body):
+            return None
         taken = [references.shortcuts(self.program, d, i) for d, i in ds]
         shared = {j for j, item in enumerate(body) if isinstance(item, Literal) and not self.changed(item.atom.pred)
                   and all(t.get(j) is None or t[j].kind == "lookup" for t in taken)}
