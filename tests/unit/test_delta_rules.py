@@ -58,7 +58,8 @@ def test_delta_rules_as_sql_add_up_to_the_change_of_the_view():
 def test_terms_join_their_changed_subgoals_without_a_cross_product():
     """`Counting.factored` joins the unchanged subgoals once after the terms, only where each term's
     changed subgoals join one another: in a(X), b(X, Y), c(Y) with a and c changed, Δa ⋈ c would be a
-    cross product (b joins them), so the terms keep b; with a and b changed, c joins the terms' sum."""
+    cross product (b joins them), so the rule is evaluated term by term; with a and b changed, c joins
+    the terms' sum."""
     from ivm.ir import Atom, Literal, Var
     from ivm.maintain.recompute import connected, join_order
 
