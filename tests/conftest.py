@@ -62,6 +62,13 @@ def catalog_url(request, tmp_path):
     engine.dispose()
 
 
+#: the project setting that plans every refresh distributed, however small its change
+#: (`spark.single_partition_rows: 0`): the differential streams' all-at-once projects use it, so each
+#: stream checks the one-partition plan of small changes (batch by batch, the default) and the
+#: distributed plan of large ones against the same final state
+DISTRIBUTED = {"single_partition_rows": 0}
+
+
 def write_project(root: Path, tables: dict, **settings) -> Path:
     """An ivm.yaml in ``root`` with the given tables (and any other top-level settings)."""
     root.mkdir(parents=True, exist_ok=True)

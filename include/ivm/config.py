@@ -61,10 +61,14 @@ class _Model(BaseModel):
 
 
 class SparkSettings(_Model):
-    """How ivm starts Spark when it runs in-process (`ivm refresh`, the demo, tests)."""
+    """How ivm starts Spark when it runs in-process (`ivm refresh`, the demo, tests), and plans its work."""
 
     master: str = "local[2]"
     conf: dict[str, str] = Field(default_factory=dict)
+    #: a refresh whose changes hold at most this many rows (its tables' net deltas, and the deltas it
+    #: derives from them) is planned in one partition: no shuffle between its steps (`zset.one_partition`);
+    #: the same for a table's log range in the trim. 0: always the distributed plan
+    single_partition_rows: int = Field(default=250_000, ge=0)
 
 
 class StorageSettings(_Model):

@@ -442,8 +442,10 @@ def trim_table(project: Project, run_id: str, item: TableDelta) -> Callable[[], 
     def run() -> TableDelta:
         changes = read_log(spark, table, segments, item.from_version, item.to_version)
         current = project.warehouse.read_layers(spark, [x.path for x in layers], schema)
+        limit = project.config.spark.single_partition_rows
         net = trim(name, table, changes, current, sum(x.rows or 0 for x in layers),
-                   update_images=has_update_images(project.warehouse, segments))
+                   update_images=has_update_images(project.warehouse, segments),
+                   small=0 < item.log_rows <= limit)
         layer = project.warehouse.write_layer(net.delta, name, "delta", run_id=run_id)
         try:
             net.check()  # observed while the delta was written
@@ -601,16 +603,19 @@ class _Maintenance:
         self.written: dict[str, WrittenLayer] = {}
         self.states = RunStates(read=lambda name, paths: project.warehouse.read_layers(project.spark, paths,
                                                                                        project.schema(name)),
-                                write_delta=self._write_delta, scratch=scratch)
+                                write_delta=self._write_delta, scratch=scratch,
+                                single_partition_rows=project.config.spark.single_partition_rows)
         relations = set(project.config.tables) | {r for w in p.views for r in project.stored_relations(w.view)} | {
             u for w in p.views for u in strata.upstream(w.view) if program.predicates[u].kind == "view"}
         for name in relations:
             self.states.old_paths[name] = old_paths(project, p, name)
         self.counting = Counting(program, strata, self.states, project.groupby_states, project.schema,
                                  project.max_iterations)
+        for t in p.tables:  # (all noted before any is read: together they decide `small`)
+            if t.layer:
+                self.states.note(t.table, t.layer.path, t.layer.bytes or 0, t.layer.rows or 0)
         for t in p.tables:
             if t.layer:
-                self.states.delta_paths[t.table], self.states.delta_bytes[t.table] = t.layer.path, t.layer.bytes or 0
                 self.counting.note_delta(t.table, self.states.delta(t.table))
             if t.updated_keys is not None:
                 self.counting.updated_keys[t.table] = t.updated_keys
@@ -626,7 +631,7 @@ class _Maintenance:
             self.project.warehouse.delete(layer.path)
             return None
         self.written[name] = layer
-        return layer.path, layer.bytes or 0
+        return layer.path, layer.bytes or 0, layer.rows or 0
 
     def absorb(self, work: ViewWork) -> None:
         """Make a view maintained by an earlier stage visible to the views above it: its new state, and
@@ -635,7 +640,7 @@ class _Maintenance:
             if work.mode == "full":
                 self.states.replaced[name] = layer.path
             else:
-                self.states.delta_paths[name], self.states.delta_bytes[name] = layer.path, layer.bytes or 0
+                self.states.note(name, layer.path, layer.bytes or 0, layer.rows or 0)
         if work.mode == "incremental" and work.view in work.layers:
             self.counting.note_delta(work.view, self.states.delta(work.view))
 
@@ -776,7 +781,8 @@ def validate_stage(project: Project, run_id: str, progress: Progress = lambda _:
         old = old_layers(project, p, work.view)
         states.append(ViewState(work.view, [path for path, _ in old] + ([delta.path] if delta else []),
                                 sum(rows for _, rows in old) + (delta.rows or 0 if delta else 0),
-                                delta.path if delta else None, stored_form(work.strategy)))
+                                delta.path if delta else None, stored_form(work.strategy),
+                                delta.rows or 0 if delta else 0))
     if not states:
         return {}
     deltas = {t.table: t.layer.path for t in p.tables if t.layer}

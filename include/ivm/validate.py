@@ -22,6 +22,7 @@ comparison holds about twice the sample in rows and is what Great Expectations v
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import time
@@ -185,6 +186,8 @@ class ViewState:
     delta: str | None = None
     #: "counts" (derivation counts, compared with the recomputation's) or "presence" (each tuple once)
     form: str = "counts"
+    #: rows of the delta layer
+    delta_rows: int = 0
 
 
 @dataclass
@@ -209,8 +212,11 @@ class ViewCheck:
 
 def negative_counts(project: Project, states: list[ViewState]) -> dict[str, str]:
     """No tuple a run changed may end with a count below zero (a delta deleting what was not there):
-    for all views in one Spark job over their changed tuples only. View -> its first bad tuple."""
+    for all views in one Spark job over their changed tuples only (one stage when the deltas are a small
+    change: `spark.single_partition_rows`). View -> its first bad tuple."""
     checks = []
+    limit = project.config.spark.single_partition_rows
+    small = 0 < limit and sum(st.delta_rows for st in states if st.delta) <= limit
     for st in states:
         if st.delta is None:
             continue
@@ -219,7 +225,7 @@ def negative_counts(project: Project, states: list[ViewState]) -> dict[str, str]
         cols = [c for c in delta.columns if c != COUNT_COLUMN]
         new = project.warehouse.read_layers(project.spark, st.paths, schema)
         # (a semi-join needs no distinct keys: no shuffle of the delta for them)
-        counts = consolidate(restrict(new, delta.select(*[F.col(f"`{c}`") for c in cols]), cols), cols)
+        counts = consolidate(restrict(new, delta.select(*[F.col(f"`{c}`") for c in cols]), cols, small), cols)
         checks.append(counts.where(F.col(COUNT_COLUMN) < 0).limit(1).select(
             F.lit(st.view).alias("view"), F.to_json(F.struct(*[F.col(f"`{c}`") for c in cols])).alias("row"),
             F.col(COUNT_COLUMN)))
@@ -243,9 +249,13 @@ def check_views(project: Project, run_id: str, states: list[ViewState], tables: 
     scratch = Scratch(project.warehouse, project.spark, f"{run_id}/validate")
     negative = negative_counts(project, states)
     seed = int(hashlib.sha1(run_id.encode()).hexdigest()[:8], 16)
-    full = Evaluator(program, strata, {
-        t: consolidate(project.warehouse.read_layers(project.spark, paths, project.schema(t)))
-        for t, paths in tables.items()}, scratch=scratch, limits=project.max_iterations)
+
+    @functools.cache
+    def full() -> Evaluator:  # the recomputation, built for the first view that samples
+        return Evaluator(program, strata, {
+            t: consolidate(project.warehouse.read_layers(project.spark, paths, project.schema(t)))
+            for t, paths in tables.items()}, scratch=scratch, limits=project.max_iterations)
+
     checks = []
     for st in states:
         started = time.perf_counter()
@@ -258,7 +268,7 @@ def check_views(project: Project, run_id: str, states: list[ViewState], tables: 
             keys = key_columns(program, st.view, config.key)
             touched = project.warehouse.read_layers(project.spark, [st.delta], schema) if st.delta else None
             ks = key_sample(keys, n, st.rows, touched, seed)
-            expected = full.relation(st.view)
+            expected = full().relation(st.view)
             if st.form == "presence":  # stored without counts: each tuple once
                 expected = as_used(program.predicates[st.view], expected)
             check.comparison = c = compare(staged, expected, st.view, ks, n)

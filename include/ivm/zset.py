@@ -41,14 +41,30 @@ def row_struct(columns: Sequence[str]) -> Column:
     return F.struct(*[F.col(f"`{c}`") for c in columns])
 
 
-def restrict(df: DataFrame, keys: DataFrame, columns: Sequence[str]) -> DataFrame:
+def restrict(df: DataFrame, keys: DataFrame, columns: Sequence[str], small: bool = False) -> DataFrame:
     """The tuples of ``df`` whose ``columns`` occur in ``keys`` (a semi-join, null-safe); with no
-    columns, all of ``df`` if ``keys`` has a row, else none."""
+    columns, all of ``df`` if ``keys`` has a row, else none. ``small``: the keys are a small change's
+    (`one_partition`): they are broadcast and the tuples found gathered in one partition, so what
+    follows (consolidating them, joining them with the change) needs no shuffle."""
     if not columns:
-        return df.join(keys.select(F.lit(1).alias("__k")).limit(1), how="left_semi")
+        found = df.join(keys.select(F.lit(1).alias("__k")).limit(1), how="left_semi")
+        return one_partition(found) if small else found
     renamed = keys.select(*[F.col(f"`{c}`").alias(f"__k{i}") for i, c in enumerate(columns)])
     cond = reduce(lambda a, b: a & b, [df[f"`{c}`"].eqNullSafe(renamed[f"__k{i}"]) for i, c in enumerate(columns)])
+    if small:
+        return one_partition(df.join(F.broadcast(renamed), cond, "left_semi"))
     return df.join(renamed, cond, "left_semi")
+
+
+def one_partition(df: DataFrame) -> DataFrame:
+    """A small change's frame in one partition (narrow: no shuffle). Spark plans what follows from it
+    alone — an aggregate, a join or union of such frames, a window — in the same stage, where the
+    distributed plan shuffles before each of them: a chain of Spark stages (under adaptive execution,
+    each submitted after the one before, ~0.1 s apiece) for a few thousand rows. A plan a frame
+    joins by broadcast keeps the frame's one partition; a join with a large relation streamed through
+    it takes that relation's partitioning, so large results stay distributed. A run is small under
+    ``spark.single_partition_rows`` (the project file)."""
+    return df.coalesce(1)
 
 
 #: ranges a skipping filter cuts the keys into, and the most keys it collects to cut them on the driver

@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from ivm.maintain.recompute import Evaluator
+from tests.conftest import DISTRIBUTED
 from tests.spark.test_recompute import (
     AGGREGATES,
     DATALOG_VIEWS,
@@ -208,7 +209,7 @@ def test_counting_matches_full_recompute_and_duckdb(make_project, tmp_path_facto
         assert {v.mode for v in result.views} <= {"incremental", "noop"}
         final = check(one, state)
 
-    everything = make_project(TABLES, root=root / "all-at-once", views=VIEWS, aggregates=AGGREGATES)
+    everything = make_project(TABLES, root=root / "all-at-once", views=VIEWS, aggregates=AGGREGATES, spark=DISTRIBUTED)
     load(everything, root, initial)
     everything.refresh()
     for n, changes in enumerate(batches, 1):

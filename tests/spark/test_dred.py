@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 
 from ivm.errors import ConfigError
 from ivm.maintain.recompute import Evaluator
+from tests.conftest import DISTRIBUTED
 from tests.spark.test_counting import STREAMS, _jsonl, _zset, apply_batch, assert_close
 from tests.spark.test_recompute import _norm
 
@@ -228,7 +229,7 @@ def test_dred_matches_full_recompute_and_duckdb(make_project, tmp_path_factory, 
         assert {v.mode for v in one.refresh().views} <= {"incremental", "noop"}
         final = check(one, state, root / f"recompute-{n}")
 
-    everything = make_project(TABLES, root=root / "all-at-once", views=DEFINITIONS)
+    everything = make_project(TABLES, root=root / "all-at-once", views=DEFINITIONS, spark=DISTRIBUTED)
     load(everything, root, initial)
     everything.refresh()
     for n, changes in enumerate(batches, 1):

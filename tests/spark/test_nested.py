@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from ivm.maintain.nested import source_relation
 from ivm.maintain.recompute import Evaluator
+from tests.conftest import DISTRIBUTED
 from tests.spark.test_counting import STREAMS, _zset, apply_batch, assert_close
 
 # 002 Example 2.1: Emp = [Nm, Dependent], Dependent = [D-Nm, Age], Health-Ins = [D-Nm]
@@ -362,7 +363,7 @@ def test_nested_views_match_full_recompute_and_duckdb(make_project, tmp_path_fac
         _append(one, root, n, changes)
         assert {v.mode for v in one.refresh().views} <= {"incremental", "noop"}
         final = _check(one, state)
-    everything = make_project(TABLES, root=root / "all", views=views)
+    everything = make_project(TABLES, root=root / "all", views=views, spark=DISTRIBUTED)
     for table, rows in initial.items():
         everything.load(table, _jsonl(root / f"{table}-0.jsonl", rows))
     everything.refresh()

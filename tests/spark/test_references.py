@@ -19,6 +19,7 @@ from ivm.maintain.delta_rules import delta_rules
 from ivm.maintain.recompute import Evaluator
 from ivm.maintain.references import shortcuts
 from ivm.spark import JobMetrics
+from tests.conftest import DISTRIBUTED
 from tests.spark.test_counting import STREAMS, _jsonl, _norm, _zset, assert_close
 
 TABLES = {
@@ -124,8 +125,8 @@ def check(project, state: dict[str, dict]) -> dict[str, dict]:
     return out
 
 
-def _project(make_project, root, state):
-    p = make_project(TABLES, root=root, views={v: {"sql": q} for v, q in VIEWS.items()})
+def _project(make_project, root, state, **settings):
+    p = make_project(TABLES, root=root, views={v: {"sql": q} for v, q in VIEWS.items()}, **settings)
     for table in TABLES:
         p.load(table, _jsonl(root.parent / f"{root.name}-{table}-0.jsonl", list(TABLES[table]["columns"]),
                              rows(state, table)))
@@ -149,7 +150,8 @@ def test_references_stream_matches_recompute_and_duckdb(make_project, tmp_path_f
         append(one, root, n, changes)
         assert {v.mode for v in one.refresh().views} <= {"incremental", "noop"}
         final = check(one, state)
-    everything = _project(make_project, root / "all-at-once", {t: dict(v) for t, v in start.items()})
+    everything = _project(make_project, root / "all-at-once", {t: dict(v) for t, v in start.items()},
+                          spark=DISTRIBUTED)
     for n, changes in enumerate(batches, 1):
         append(everything, root, n, changes)
     everything.refresh()
@@ -176,17 +178,19 @@ def test_shortcuts_of_the_q3_shape(make_project, tmp_path):
     assert "-- orders at the keys Δlineitem binds (ok): from Δorders where it holds the key" in text
 
 
-def test_rf_refresh_reads_no_lineitem_while_maintaining(make_project, tmp_path, spark):
+@pytest.mark.parametrize("partitions", ["one", "distributed"])
+def test_rf_refresh_reads_no_lineitem_while_maintaining(make_project, tmp_path, spark, partitions):
     """An order inserted and one deleted, each with its lineitems: the maintain stage reads the deltas,
     customer (unchanged: joined once with both delta rules' results) and no row of lineitem's or orders'
     stored layers: its input records are far fewer than lineitem's rows (with the shortcuts off, the
-    Δorders terms read all of lineitem)."""
+    Δorders terms read all of lineitem). A change this small is planned in one partition: no stage of
+    the refresh shuffles (`spark.single_partition_rows`); the distributed plan shuffles."""
     from ivm import refresh
 
     orders = {k: (1 + k % 3, k % 4) for k in range(1, 301)}
     lines = {(k, n): (k + n,) for k in orders for n in range(1, 11)}
     state = {"customer": {k: ("B",) for k in range(1, 4)}, "orders": orders, "lineitem": lines}
-    p = _project(make_project, tmp_path / "p", state)
+    p = _project(make_project, tmp_path / "p", state, **({"spark": DISTRIBUTED} if partitions == "distributed" else {}))
     changes = {"orders": [("insert", (1000, 1, 0)), ("delete", (5, *orders[5]))],
                "lineitem": [("insert", (1000, 1, 7)), ("insert", (1000, 2, 8))]
                + [("delete", (5, n, *lines[(5, n)])) for n in range(1, 11)]}
@@ -194,11 +198,15 @@ def test_rf_refresh_reads_no_lineitem_while_maintaining(make_project, tmp_path, 
     apply(state, changes)
     plan = refresh.plan(p)
     refresh.begin(p, plan)
-    refresh.trim_stage(p, plan.run_id)
     metrics = JobMetrics(spark)
+    with metrics.measure("trim") as t:
+        refresh.trim_stage(p, plan.run_id)
     with metrics.measure("maintain") as m:
         refresh.maintain_stage(p, plan.run_id)
-    refresh.validate_stage(p, plan.run_id)
+    with metrics.measure("validate") as v:
+        refresh.validate_stage(p, plan.run_id)
+    stages = (t, m, v)
+    assert all(s.shuffled == 0 if partitions == "one" else s.shuffled > 0 for s in stages), stages
     result = refresh.publish_stage(p, plan.run_id)
     check(p, state)
     # Δorders: lineitem by the foreign key; Δlineitem: orders by key (in every view); customer did not

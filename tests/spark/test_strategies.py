@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ivm.maintain.recompute import Evaluator
+from tests.conftest import DISTRIBUTED
 from tests.spark.test_counting import (
     KEYED,
     ROWS,
@@ -156,7 +157,7 @@ def test_counting_keyed_and_reduce_agree_with_duckdb(make_project, tmp_path_fact
         assert {v.mode for v in one.refresh().views} <= {"incremental", "noop"}
         final = check(one, bags, keyed)
 
-    everything = make_project(TABLES, root=root / "all-at-once", views=VIEWS)
+    everything = make_project(TABLES, root=root / "all-at-once", views=VIEWS, spark=DISTRIBUTED)
     load(everything, root, bags0, keyed0)
     everything.refresh()
     for n, (bag_changes, keyed_changes) in enumerate(batches, 1):

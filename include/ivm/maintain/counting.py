@@ -54,7 +54,7 @@ from ivm.maintain.groupby import GroupByState
 from ivm.maintain.recompute import Evaluator, as_used, connected, join_order
 from ivm.storage import Scratch
 from ivm.stratify import Component, Strata
-from ivm.zset import anti_join, consolidate, restrict, union_all
+from ivm.zset import anti_join, consolidate, one_partition, restrict, union_all
 
 log = logging.getLogger(__name__)
 C = COUNT_COLUMN
@@ -156,14 +156,26 @@ class RunStates:
     wrote: a delta layer (Pᵛ = P ⊎ Δ(P)) or, for a full recompute, a new base layer."""
 
     read: Callable[[str, list[str]], DataFrame]                      # (relation, layer paths) -> Z-set
-    write_delta: Callable[[str, DataFrame], tuple[str, int] | None]  # (relation, Δ) -> (path, bytes) or None
+    write_delta: Callable[[str, DataFrame], tuple[str, int, int] | None]  # (relation, Δ) -> (path, bytes, rows)
     #: the run's intermediate results (set changes, fixpoint rounds)
     scratch: Scratch
     old_paths: dict[str, list[str]] = field(default_factory=dict)
     delta_paths: dict[str, str] = field(default_factory=dict)
     #: bytes of each delta layer: small ones are broadcast into the joins of the delta rules
     delta_bytes: dict[str, int] = field(default_factory=dict)
+    #: rows of each delta layer, and the most a run's deltas may hold to be planned in one partition
+    #: (`spark.single_partition_rows`; 0: never)
+    delta_rows: dict[str, int] = field(default_factory=dict)
+    single_partition_rows: int = 0
     replaced: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def small(self) -> bool:
+        """Whether the run's deltas so far (its tables', then each one it derives and writes) are
+        together a small change: read in one partition, and the stored relations restricted to their
+        keys gathered in one (`zset.one_partition`). A derived delta that grows past the limit (a
+        join's fan-out) turns the rest of the run to the distributed plan."""
+        return 0 < self.single_partition_rows and sum(self.delta_rows.values()) <= self.single_partition_rows
 
     def old(self, name: str) -> DataFrame:
         return self.read(name, self.old_paths.get(name, []))
@@ -175,27 +187,35 @@ class RunStates:
                                                                 if name in self.delta_paths else []))
 
     def delta(self, name: str) -> DataFrame | None:
-        return self.read(name, [self.delta_paths[name]]) if name in self.delta_paths else None
+        if name not in self.delta_paths:
+            return None
+        df = self.read(name, [self.delta_paths[name]])
+        return one_partition(df) if self.small else df
+
+    def note(self, name: str, path: str, size: int, rows: int) -> None:
+        """A delta layer of ``name`` this run reads: a table's net delta, a view's from an earlier stage."""
+        self.delta_paths[name], self.delta_bytes[name], self.delta_rows[name] = path, size, rows
 
     def put_delta(self, name: str, df: DataFrame) -> DataFrame | None:
         """Write Δ(name) as a delta layer and read it back (a materialized, reusable plan)."""
         written = self.write_delta(name, df)
         if written is None:
             return None
-        self.delta_paths[name], self.delta_bytes[name] = written
-        return self.read(name, [written[0]])
+        self.note(name, *written)
+        return self.delta(name)
 
 
-def presence_change(old_rows: DataFrame, delta_rows: DataFrame, columns: list[str]) -> DataFrame:
+def presence_change(old_rows: DataFrame, delta_rows: DataFrame, columns: list[str], small: bool = False) -> DataFrame:
     """For each tuple of ``delta_rows``: +1 if it was absent (count ≤ 0) and is present after the
     delta, -1 if it was present and is not; tuples whose presence did not change are dropped.
 
     This is statement (2) of 000 Algorithm 4.1 (``set(Pᵛ) - set(P)``) and, negated, Definition 6.1's
-    Δ(Q̄). The old counts are consolidated only for the keys in the delta.
+    Δ(Q̄). The old counts are consolidated only for the keys in the delta (``small``: a small
+    change's, `zset.restrict`).
     """
     cols = [F.col(_q(c)) for c in columns]
     keys = delta_rows.select(*cols).distinct()
-    old = restrict(old_rows, keys, columns).select(*cols, F.col(C).alias("__o"), F.lit(0).cast("long").alias("__d"))
+    old = restrict(old_rows, keys, columns, small).select(*cols, F.col(C).alias("__o"), F.lit(0).cast("long").alias("__d"))
     new = delta_rows.select(*cols, F.lit(0).cast("long").alias("__o"), F.col(C).alias("__d"))
     counts = old.unionByName(new).groupBy(*cols).agg(F.sum("__o").alias("__o"), F.sum("__d").alias("__d"))
     before, after = F.col("__o") > 0, (F.col("__o") + F.col("__d")) > 0
@@ -258,7 +278,8 @@ class Counting:
         # table is never read here
         if p.semantics == "set" and p.kind != "base":
             path, rows, _ = self.states.scratch.put(f"{pred}__set_change",
-                                                    presence_change(self.states.old(pred), delta, list(p.columns)))
+                                                    presence_change(self.states.old(pred), delta, list(p.columns),
+                                                                    self.states.small))
             if not rows:
                 log.info("%s: counts changed but not the set; nothing propagates upward (statement (2))", pred)
                 return
@@ -300,7 +321,7 @@ class Counting:
         if groups is not None and group_vars:
             position = {a.name: c for c, a in zip(p.columns, atom.args, strict=True) if isinstance(a, Var)}
             keys = groups.select(*[F.col(_q(v)).alias(position[v]) for v in group_vars])
-            raw = restrict(raw, keys, [position[v] for v in group_vars])
+            raw = restrict(raw, keys, [position[v] for v in group_vars], self.states.small)
         return as_used(p, consolidate(raw))
 
     def rows(self, atom: Atom, state: str, groups: DataFrame | None = None,
@@ -420,7 +441,7 @@ class Counting:
         rows = self.states.new(item.atom.pred) if state == NEW else self.states.old(item.atom.pred)
         q = self.ev.atom(item.atom, rows)
         if shared:
-            q = restrict(q, df.select(*[F.col(_q(v)) for v in shared]).distinct(), shared)
+            q = restrict(q, df.select(*[F.col(_q(v)) for v in shared]).distinct(), shared, self.states.small)
         return anti_join(df, consolidate(q).where(F.col(C) > 0), item.null_safe)
 
     def negation_delta(self, atom: Atom) -> DataFrame:
@@ -429,7 +450,7 @@ class Counting:
         old = self.ev.atom(atom, self.states.old(atom.pred))
         # the raw Δ(Q), not the set change: presence is judged on Q's own counts
         delta = consolidate(self.ev.atom(atom, self.states.delta(atom.pred)))
-        change = presence_change(old, delta, variables)
+        change = presence_change(old, delta, variables, self.states.small)
         return change.withColumn(C, -F.col(C))
 
     def groupby_delta(self, name: str, g: GroupBy) -> DataFrame:
@@ -447,12 +468,12 @@ class Counting:
             dname = st.distinct_name(var)
             dd = self.states.put_delta(dname, st.distinct_rows(delta_rows, var))
             if dd is not None:
-                changes[var] = presence_change(self.states.old(dname), dd, [*st.by, var])
+                changes[var] = presence_change(self.states.old(dname), dd, [*st.by, var], self.states.small)
 
         def new_rows(groups: DataFrame | None) -> DataFrame:
             return self.rows(g.atom, NEW, groups, st.by)
 
-        dstate = st.delta(delta_rows, self.states.old(name), new_rows, changes, self.schemas(name))
+        dstate = st.delta(delta_rows, self.states.old(name), new_rows, changes, self.schemas(name), self.states.small)
         written = self.states.put_delta(name, dstate)
         return consolidate(st.finalize(written if written is not None else self.states.read(name, [])))
 
@@ -479,7 +500,7 @@ class Counting:
         if rule is not None and cream.case1(self.program, rule, s):
             def old_sets(groups: DataFrame | None) -> DataFrame:  # Case 1: v holds the sets itself
                 sets = consolidate(self.ev.atom(rule.head, self.states.old(pred))).where(F.col(C) > 0)
-                return sets if groups is None else restrict(sets, groups, group)
+                return sets if groups is None else restrict(sets, groups, group, self.states.small)
         else:
             def old_sets(groups: DataFrame | None) -> DataFrame:  # W' of the touched groups, from v_a
                 return self.ev.setof(s, self.source(s.atom, OLD, groups, group))

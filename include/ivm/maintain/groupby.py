@@ -43,7 +43,7 @@ from pyspark.sql.types import DataType, StructType
 
 from ivm.config import COUNT_COLUMN
 from ivm.ir import Aggregate, GroupBy
-from ivm.zset import consolidate, expand, restrict
+from ivm.zset import consolidate, expand, one_partition, restrict
 
 C = COUNT_COLUMN
 ROWS = "__rows"
@@ -165,13 +165,14 @@ class GroupByState:
     # -- Algorithm 6.1 ----------------------------------------------------------------------------------
 
     def delta(self, delta_rows: DataFrame, old_state: DataFrame, new_rows: Callable[[DataFrame], DataFrame],
-              distinct_changes: dict[str, DataFrame], schema: StructType) -> DataFrame:
+              distinct_changes: dict[str, DataFrame], schema: StructType, small: bool = False) -> DataFrame:
         """The state delta of the groups Δ(U) touches: (old state, -1) and (new state, +1).
 
         ``delta_rows``: Δ(U) as variables + ``__count``, consolidated. ``old_state``: the stored state
         (unconsolidated layers). ``new_rows(groups)``: Uᵛ's consolidated rows restricted to ``groups``,
         for the groups that must be recomputed (never called for a self-maintainable subgoal).
         ``distinct_changes``: per DISTINCT argument, the set changes (±1) of its (group, value) relation.
+        ``small``: Δ(U) is a small change's: the old state of its groups is gathered in one partition.
         """
         by = self.by
         partial = self._partial(delta_rows)
@@ -182,7 +183,10 @@ class GroupByState:
             part = self._distinct_partial(var, distinct_changes[var])
             partial = _join_groups(partial, part, by, "full") if by else partial.crossJoin(part)
         groups = partial.select(*[F.col(_q(b)) for b in by]) if by else None
-        old = old_state if groups is None else restrict(old_state, groups, by)
+        if groups is None:  # the global aggregate's one row
+            old = one_partition(old_state) if small else old_state
+        else:
+            old = restrict(old_state, groups, by, small)
         old = consolidate(old).where(F.col(C) > 0).drop(C)
         p = partial.select(*[F.col(_q(c)).alias(c if c in by else f"p__{c}") for c in partial.columns])
         o = old.select(*[F.col(_q(c)).alias(f"o__{c}") for c in old.columns])

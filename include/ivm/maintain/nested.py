@@ -61,7 +61,7 @@ from ivm.ir import (
 )
 from ivm.maintain.delta_rules import DELTA, DeltaRule
 from ivm.stratify import recursive_predicates
-from ivm.zset import consolidate
+from ivm.zset import consolidate, one_partition
 
 if TYPE_CHECKING:
     from ivm.maintain.counting import Counting
@@ -313,8 +313,9 @@ def extraction_delta(c: Counting, pred: str) -> None:
     log.info("%s: Δ from %s's delta: %d changed elements", pred, parent, n)
     c.extraction_rows[pred] = n
     if n:
-        c.used_delta[pred] = c.states.scratch.read([path], delta.schema)
-        c.states.delta_bytes[pred] = size
+        c.states.delta_bytes[pred], c.states.delta_rows[pred] = size, n
+        rows = c.states.scratch.read([path], delta.schema)
+        c.used_delta[pred] = one_partition(rows) if c.states.small else rows
 
 
 def probe_indexes(c: Counting, d: DeltaRule, i: int,

@@ -195,7 +195,7 @@ def _reference(c: Counting, sc: Shortcut, state: str) -> DataFrame:
     parts = []
     if ds is not None:  # deleted keys' rows at the old state, inserted keys' rows at the new one
         ending = sums.where(F.col("__sum") == (-1 if state == OLD else 1)).select(fk)
-        parts.append(_at(restrict(ds, ending, [fk]), state))
+        parts.append(_at(restrict(ds, ending, [fk], c.states.small), state))
     if c.updated_keys.get(sc.via) == 0:  # the trim counted no updated key of ΔR: nothing to read or find
         log.info("%s: no updated keys (the trim of %s counted none), nothing to read", sc, sc.via)
     else:
