@@ -41,19 +41,24 @@ def row_struct(columns: Sequence[str]) -> Column:
     return F.struct(*[F.col(f"`{c}`") for c in columns])
 
 
-def restrict(df: DataFrame, keys: DataFrame, columns: Sequence[str], small: bool = False) -> DataFrame:
+def restrict(df: DataFrame, keys: DataFrame, columns: Sequence[str], small: bool = False,
+             stored_rows: int = 0) -> DataFrame:
     """The tuples of ``df`` whose ``columns`` occur in ``keys`` (a semi-join, null-safe); with no
     columns, all of ``df`` if ``keys`` has a row, else none. ``small``: the keys are a small change's
     (`one_partition`): they are broadcast and the tuples found gathered in one partition, so what
-    follows (consolidating them, joining them with the change) needs no shuffle."""
+    follows (consolidating them, joining them with the change) needs no shuffle; ``df`` is read in
+    that one task, or when it holds ``stored_rows`` ≥ SKIP_MIN_ROWS (a large table, read through its
+    row-group ranges), scanned in parallel and what it finds shuffled into the one partition."""
     if not columns:
         found = df.join(keys.select(F.lit(1).alias("__k")).limit(1), how="left_semi")
-        return one_partition(found) if small else found
-    renamed = keys.select(*[F.col(f"`{c}`").alias(f"__k{i}") for i, c in enumerate(columns)])
-    cond = reduce(lambda a, b: a & b, [df[f"`{c}`"].eqNullSafe(renamed[f"__k{i}"]) for i, c in enumerate(columns)])
-    if small:
-        return one_partition(df.join(F.broadcast(renamed), cond, "left_semi"))
-    return df.join(renamed, cond, "left_semi")
+    else:
+        renamed = keys.select(*[F.col(f"`{c}`").alias(f"__k{i}") for i, c in enumerate(columns)])
+        cond = reduce(lambda a, b: a & b,
+                      [df[f"`{c}`"].eqNullSafe(renamed[f"__k{i}"]) for i, c in enumerate(columns)])
+        found = df.join(F.broadcast(renamed) if small else renamed, cond, "left_semi")
+    if not small:
+        return found
+    return found.repartition(1) if stored_rows >= SKIP_MIN_ROWS else one_partition(found)
 
 
 def one_partition(df: DataFrame) -> DataFrame:

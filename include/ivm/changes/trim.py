@@ -77,7 +77,7 @@ def _stored_at(snapshot: DataFrame, touched: DataFrame, columns: list[str], stor
     by ``columns``, so on a large table a range filter on the first column skips the row groups no
     change falls in."""
     skip = skipping_filter(touched, columns[0]) if stored_rows >= SKIP_MIN_ROWS else None
-    return restrict(snapshot if skip is None else snapshot.where(skip), touched, columns, small)
+    return restrict(snapshot if skip is None else snapshot.where(skip), touched, columns, small, stored_rows)
 
 
 def _keyed(events: DataFrame, snapshot: DataFrame, table: TableConfig, stored_rows: int, small: bool) -> DataFrame:
