@@ -65,10 +65,10 @@ def one_partition(df: DataFrame) -> DataFrame:
     """A small change's frame in one partition (narrow: no shuffle). Spark plans what follows from it
     alone — an aggregate, a join or union of such frames, a window — in the same stage, where the
     distributed plan shuffles before each of them: a chain of Spark stages (under adaptive execution,
-    each submitted after the one before, ~0.1 s apiece) for a few thousand rows. A plan a frame
-    joins by broadcast keeps the frame's one partition; a join with a large relation streamed through
-    it takes that relation's partitioning, so large results stay distributed. A run is small under
-    ``spark.single_partition_rows`` (the project file)."""
+    each submitted after the one before, ~0.1 s apiece) for a few thousand rows. A join that
+    broadcasts the other side keeps the frame's one partition; a join that streams a large relation
+    against the frame (broadcast) takes that relation's partitioning, so large results stay
+    distributed. A run is small under ``spark.single_partition_rows`` (the project file)."""
     return df.coalesce(1)
 
 
