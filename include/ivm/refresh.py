@@ -45,7 +45,7 @@ from ivm.maintain.dred import RuleChange, rule_change
 from ivm.maintain.recompute import Evaluator, as_used
 from ivm.maintain.strategy import stored_form
 from ivm.storage import Scratch, WrittenLayer, new_id
-from ivm.zset import consolidate
+from ivm.zset import consolidate, small_change
 
 if TYPE_CHECKING:
     from ivm.project import Project
@@ -442,10 +442,9 @@ def trim_table(project: Project, run_id: str, item: TableDelta) -> Callable[[], 
     def run() -> TableDelta:
         changes = read_log(spark, table, segments, item.from_version, item.to_version)
         current = project.warehouse.read_layers(spark, [x.path for x in layers], schema)
-        limit = project.config.spark.single_partition_rows
         net = trim(name, table, changes, current, sum(x.rows or 0 for x in layers),
                    update_images=has_update_images(project.warehouse, segments),
-                   small=0 < item.log_rows <= limit)
+                   small=item.log_rows > 0 and small_change(item.log_rows, project.config.spark.single_partition_rows))
         layer = project.warehouse.write_layer(net.delta, name, "delta", run_id=run_id)
         try:
             net.check()  # observed while the delta was written

@@ -36,7 +36,7 @@ from pyspark.sql import functions as F
 from ivm.config import COUNT_COLUMN
 from ivm.ir import GroupBy, Program, Var
 from ivm.storage import Scratch
-from ivm.zset import consolidate, restrict, union_all
+from ivm.zset import consolidate, restrict, small_change, union_all
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -215,8 +215,7 @@ def negative_counts(project: Project, states: list[ViewState]) -> dict[str, str]
     for all views in one Spark job over their changed tuples only (one stage when the deltas are a small
     change: `spark.single_partition_rows`). View -> its first bad tuple."""
     checks = []
-    limit = project.config.spark.single_partition_rows
-    small = 0 < limit and sum(st.delta_rows for st in states if st.delta) <= limit
+    small = small_change(sum(st.delta_rows for st in states if st.delta), project.config.spark.single_partition_rows)
     for st in states:
         if st.delta is None:
             continue

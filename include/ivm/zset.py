@@ -61,6 +61,12 @@ def restrict(df: DataFrame, keys: DataFrame, columns: Sequence[str], small: bool
     return found.repartition(1) if stored_rows >= SKIP_MIN_ROWS else one_partition(found)
 
 
+def small_change(rows: int, limit: int) -> bool:
+    """Whether a change of ``rows`` rows is planned in one partition under ``spark.single_partition_rows``
+    = ``limit`` (0: never)."""
+    return 0 < limit and rows <= limit
+
+
 def one_partition(df: DataFrame) -> DataFrame:
     """A small change's frame in one partition (narrow: no shuffle). Spark plans what follows from it
     alone — an aggregate, a join or union of such frames, a window — in the same stage, where the

@@ -54,7 +54,7 @@ from ivm.maintain.groupby import GroupByState
 from ivm.maintain.recompute import Evaluator, as_used, connected, join_order
 from ivm.storage import Scratch
 from ivm.stratify import Component, Strata
-from ivm.zset import anti_join, consolidate, one_partition, restrict, union_all
+from ivm.zset import anti_join, consolidate, one_partition, restrict, small_change, union_all
 
 log = logging.getLogger(__name__)
 C = COUNT_COLUMN
@@ -175,7 +175,7 @@ class RunStates:
         together a small change: read in one partition, and the stored relations restricted to their
         keys gathered in one (`zset.one_partition`). A derived delta that grows past the limit (a
         join's fan-out) turns the rest of the run to the distributed plan."""
-        return 0 < self.single_partition_rows and sum(self.delta_rows.values()) <= self.single_partition_rows
+        return small_change(sum(self.delta_rows.values()), self.single_partition_rows)
 
     def old(self, name: str) -> DataFrame:
         return self.read(name, self.old_paths.get(name, []))
