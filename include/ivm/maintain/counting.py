@@ -342,7 +342,9 @@ class Counting:
                 dred = DRed(self, component, change)
                 for p, delta in dred.run().items():
                     delta = self.states.put_delta(p, delta) if delta is not None else None
-                    self.note_delta(p, delta)
+                    if delta is not None:  # a set change already, no statement (2): the stored tuples
+                        # count 1, what is gone was present and Δ⁺ holds absent tuples only (000 §7)
+                        self.used_delta[p] = delta
                 self.dred_stats[component] = dred.stats
             return self.states.delta(pred)
         terms = []

@@ -36,7 +36,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from ivm.config import COUNT_COLUMN
-from ivm.ir import BodyItem, Expr, GroupBy, Literal, Program, Rule, SetOf
+from ivm.ir import Atom, BodyItem, Expr, GroupBy, Literal, Program, Rule, SetOf, Var
 from ivm.maintain.delta_rules import DELTA, NEW, OLD, render_item
 from ivm.maintain.fixpoint import (
     Absent,
@@ -145,6 +145,15 @@ def _difference(a: list[Rule], b: list[Rule]) -> list[Rule]:
     return out
 
 
+def _canonical(atom: Atom) -> tuple[Atom, list[str]]:
+    """The atom with its variables renamed ``_v0, _v1, ...`` in order of first occurrence (constants,
+    wildcards and repeats kept), and the names they replace: atoms that select the same tuples of the
+    same predicate have one canonical form."""
+    names = list(dict.fromkeys(a.name for a in atom.args if isinstance(a, Var)))
+    return Atom(atom.pred, tuple(Var(f"_v{names.index(a.name)}") if isinstance(a, Var) else a
+                                 for a in atom.args)), names
+
+
 def _negate(df: DataFrame) -> DataFrame:
     return df.withColumn(C, -F.col(C))
 
@@ -173,8 +182,9 @@ class DRed:
                            and (rule := transitive_rule(counting.program, p, self.preds)) is not None}
         #: tuples over-deleted, rederived and inserted (after ``run``)
         self.stats: dict[str, int] = {}
-        #: the Del and Add of each lower subgoal (pred, rule, position), written once; None: empty
-        self._changes: dict[tuple[str, int, int], dict[int, DataFrame | None]] = {}
+        #: the Del and Add of each changed lower atom (canonical, ``_canonical``) and GROUPBY or setof
+        #: subgoal (pred, rule, position), written once; None: empty
+        self._changes: dict[tuple, dict[int, DataFrame | None]] = {}
 
     def columns(self, pred: str) -> list[str]:
         return list(self.c.program.predicates[pred].columns)
@@ -191,27 +201,37 @@ class DRed:
     def lower_changes(self, pred: str, r: int | str, rule: Rule, sign: int) -> dict[int, DataFrame]:
         """Per subgoal of rule ``r`` of ``pred`` outside the component whose input changed in this run,
         the bindings it gained (sign +1, Add) or lost (sign -1, Del), count 1; written once to the
-        scratch space, empty ones left out."""
+        scratch space, empty ones left out. An atom's change is written once for every rule and step
+        that reads it (``edge(X, Y)`` in the exit rule and ``edge(Z, Y)`` in the linear one are one
+        change, its columns renamed)."""
         inside = recursive_positions(rule, self.preds)
         out = {}
         for j, item in enumerate(rule.body):
             if j in inside or not isinstance(item, Literal | GroupBy | SetOf) or not self.c.changed(item.atom.pred):
                 continue
-            key = (pred, r, j)
-            if key not in self._changes:
-                if isinstance(item, Literal):  # Definition 6.1 is +1 for "now absent": a positive atom is its negation
-                    change = self.c.negation_delta(item.atom)
-                    change = change if item.negated else _negate(change)
-                else:  # Algorithm 6.1 / setof: -1 for a group's old tuple, +1 for its new one
-                    change = self.c.subgoal(pred, r, j, item, DELTA)
-                # Del and Add written in one job, apart; each read back with count 1
-                parts = self.c.states.scratch.put_signed(f"{pred}__dred_change{r}_{j}", change)
-                schema = StructType([f for f in change.schema.fields if f.name != C])
-                self._changes[key] = {s: self.c.states.scratch.read([path], schema).withColumn(C, F.lit(1).cast("long"))
-                                      if rows else None for s, (path, rows, _) in parts.items()}
-            if self._changes[key][sign] is not None:
-                out[j] = self._changes[key][sign]
+            if isinstance(item, Literal):
+                canon, names = _canonical(item.atom)
+                parts = self._written(canon, lambda canon=canon: _negate(self.c.negation_delta(canon)))
+                # Definition 6.1 is +1 for "now absent": a positive atom's Add is its negation's Del
+                part = parts[-sign if item.negated else sign]
+                if part is not None:
+                    out[j] = part.select(*[F.col(f"_v{i}").alias(n) for i, n in enumerate(names)], C)
+            else:  # Algorithm 6.1 / setof: -1 for a group's old tuple, +1 for its new one
+                part = self._written((pred, r, j), lambda item=item, j=j: self.c.subgoal(pred, r, j, item, DELTA))[sign]
+                if part is not None:
+                    out[j] = part
         return out
+
+    def _written(self, key: tuple, change: Callable[[], DataFrame]) -> dict[int, DataFrame | None]:
+        """The Del (-1) and Add (+1) of a change, written in one job, apart, and read back with count 1
+        (None: empty); once per ``key``."""
+        if key not in self._changes:
+            df = change()
+            parts = self.c.states.scratch.put_signed(f"{self.preds[0]}__dred_change{len(self._changes)}", df)
+            schema = StructType([f for f in df.schema.fields if f.name != C])
+            self._changes[key] = {s: self.c.states.scratch.read([path], schema).withColumn(C, F.lit(1).cast("long"))
+                                  if rows else None for s, (path, rows, _) in parts.items()}
+        return self._changes[key]
 
     def seeds(self, sign: int, whole: Callable[[str], DataFrame], state: str) -> dict[str, DataFrame]:
         """The first round of step 1 (sign -1: Del of the lower subgoals, everything else old, over the
@@ -323,7 +343,7 @@ class DRed:
 
         def known(p: str, new: DataFrame) -> DataFrame:  # already in Pᵛ: not an insertion
             cols = self.columns(p)
-            present = consolidate(restrict(current(p), new, cols), cols).where(F.col(C) > 0)
+            present = consolidate(restrict(current(p), new, cols, self.c.states.small), cols).where(F.col(C) > 0)
             return anti_join(new, present, null_safe=True)
 
         self._rounds(rounds, self.seeds(+1, whole, NEW), whole, NEW, known)
