@@ -8,7 +8,7 @@ import pytest
 
 from ivm.config import parse_project
 from ivm.lang import compile_project
-from ivm.maintain.fixpoint import transitive_rule
+from ivm.maintain.fixpoint import transitive_extensions, transitive_rule
 from ivm.stratify import stratify
 
 TABLES = {"link": {"columns": {"src": "string", "dst": "string"}},
@@ -58,3 +58,12 @@ def test_closures_get_the_transitivity_rule(view):  # (reach_sql: the view is it
 @pytest.mark.parametrize("view", [*NOT_CLOSURES, "set_sql"])
 def test_lookalikes_do_not(view):
     assert rule_for(view) is None
+
+
+@pytest.mark.parametrize("view, positions", [("right", {0}), ("swapped", {0}), ("reach_sql", {0}), ("left", {1}),
+                                             ("both", {0, 1}), ("mixed", set()), ("nonlinear", set())])
+def test_the_first_round_is_extended_on_the_side_the_linear_rules_leave_open(view, positions):
+    # p(X, Z), e(Z, Y) derives (x, b) for every x reaching a changed edge (a, b): only Δ(X, Z), p(Z, Y)
+    # reaches further; e(X, Z), p(Z, Y) the mirror image; both shapes need both terms; no closure, none
+    [component] = [c for c in STRATA.components if view in c.predicates]
+    assert transitive_extensions(PROGRAM, view, component.predicates) == positions

@@ -45,6 +45,7 @@ from ivm.maintain.fixpoint import (
     recursive_positions,
     rederivation_rule,
     seminaive_terms,
+    transitive_extensions,
     transitive_rule,
 )
 from ivm.storage import with_count
@@ -180,6 +181,9 @@ class DRed:
         self.transitive = {p: rule for p in self.preds if not self.change.added.get(p)
                            and not self.change.removed.get(p)
                            and (rule := transitive_rule(counting.program, p, self.preds)) is not None}
+        #: its body positions the first round's tuples are not taken at (``fixpoint.transitive_extensions``)
+        self.transitive_skip = {p: frozenset({0, 1}) - transitive_extensions(counting.program, p, self.preds)
+                                for p in self.transitive}
         #: tuples over-deleted, rederived and inserted (after ``run``)
         self.stats: dict[str, int] = {}
         #: the Del and Add of each changed lower atom (canonical, ``_canonical``) and GROUPBY or setof
@@ -280,7 +284,9 @@ class DRed:
         extensions through the closure came with the first round's, and joining every round with the
         whole closure would grow with the cube of a long path. In step 1 the rule over-deletes nothing
         the Δ⁻-rules would not: δ⁻(p) ⋈ P and P ⋈ δ⁻(p) are old tuples with an old derivation through
-        an over-deleted tuple."""
+        an over-deleted tuple. Of its two terms only the one that reaches past the linear rules' first
+        round runs (``fixpoint.transitive_extensions``: with ``p(X, Z), e(Z, Y)``, the tuples are extended
+        by the successors of their ends), so the round scans the closure once."""
         plain = self.old_rules if state == OLD else self.rules
         rules = {p: plain[p] + ([("transitive", self.transitive[p])] if p in self.transitive else [])
                  for p in self.preds}  # the first round's
@@ -290,7 +296,8 @@ class DRed:
             for p in self.preds:
                 terms = [t for r, rule in rules[p]
                          for t in seminaive_terms(self.ev, rule, self.preds, changed, whole,
-                                                  self._subgoals(p, r, rule, state, whole, {}), self.absent(state))]
+                                                  self._subgoals(p, r, rule, state, whole, {}), self.absent(state),
+                                                  skip=self.transitive_skip[p] if r == "transitive" else ())]
                 if terms:
                     candidates[p] = as_set(union_all(terms), self.columns(p))
             rules = plain

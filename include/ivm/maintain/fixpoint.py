@@ -75,6 +75,30 @@ def transitive_rule(program: Program, pred: str, preds: Collection[str]) -> Rule
     either side: DRed (ivm.maintain.dred) extends the tuples derived from a changed edge through the
     closure at once, p*·Δe·p* in two rounds, instead of one edge per round along every path that
     follows (the right-linear chain views of [DT92], which 000 §1 cites, by an added rule)."""
+    if _linear_sides(program, pred, preds) is None:
+        return None
+    x, y, z = (Var(n) for n in ("X", "Y", "Z"))
+    return Rule(Atom(pred, (x, y)), (Literal(Atom(pred, (x, z))), Literal(Atom(pred, (z, y)))))
+
+
+def transitive_extensions(program: Program, pred: str, preds: Collection[str]) -> frozenset[int]:
+    """The body positions of ``transitive_rule`` whose semi-naive term extends tuples derived from
+    changed edges beyond what the linear rules' first round already gave (0: the round's tuples
+    extended on the right, ``Δ(X, Z), p(Z, Y)``; 1: on the left, ``p(X, Z), Δ(Z, Y)``).
+
+    From a changed edge (a, b), ``p(X, Y) :- p(X, Z), e(Z, Y)`` derives in the first round the tuples
+    (x, b) of every x with (x, a) in p, and p is closed under transitivity: so p(X, Z), Δ(Z, Y) gives
+    (w, b) for (w, x) in p, which that round holds already (w reaches a), and only the extension by
+    b's successors is new; ``e(X, Z), p(Z, Y)`` is the mirror image. The other term would scan the
+    whole closure for nothing. (Only speed rides on this: the linear rules' own
+    semi-naive terms run in every round, so the fixpoint is the same either way.)"""
+    return frozenset(_linear_sides(program, pred, preds) or ())
+
+
+def _linear_sides(program: Program, pred: str, preds: Collection[str]) -> set[int] | None:
+    """None unless ``pred``'s rules are a transitive closure's (``transitive_rule``); else the
+    positions its recursive subgoal takes in its linear rules written as ``(X, Z), (Z, Y)``: 0 for
+    ``p(X, Z), e(Z, Y)``, 1 for ``e(X, Z), p(Z, Y)``."""
     rules = program.rules_for(pred)
     exits = [r for r in rules if not recursive_positions(r, preds)]
     if len(exits) != 1 or len(rules) < 2:
@@ -84,6 +108,7 @@ def transitive_rule(program: Program, pred: str, preds: Collection[str]) -> Rule
     if head is None or len(body) != 1 or _literal_pair(body[0]) != head or body[0].atom.pred in preds:
         return None
     edge = body[0].atom.pred
+    sides = set()
     for rule in rules:
         if rule is exits[0]:
             continue
@@ -92,11 +117,12 @@ def transitive_rule(program: Program, pred: str, preds: Collection[str]) -> Rule
         if x is None or len(pairs) != 2 or None in pairs:
             return None
         preds_of = [item.atom.pred for item in rule.body]
-        (a, z), (z2, b) = pairs if pairs[0][0] == x else pairs[::-1]
+        first = 0 if pairs[0][0] == x else 1
+        (a, z), (z2, b) = pairs[first], pairs[1 - first]
         if (a, b) != (x, y) or z != z2 or z in (x, y) or sorted(preds_of) != sorted([pred, edge]):
             return None
-    x, y, z = (Var(n) for n in ("X", "Y", "Z"))
-    return Rule(Atom(pred, (x, y)), (Literal(Atom(pred, (x, z))), Literal(Atom(pred, (z, y)))))
+        sides.add(0 if preds_of[first] == pred else 1)
+    return sides
 
 
 def _pair(atom: Atom) -> tuple[str, str] | None:
