@@ -236,6 +236,8 @@ class Counting:
         self.ev = Evaluator(program, strata, {}, scratch=states.scratch, limits=limits)
         #: auxiliary predicates no layer holds: only their Δ exists in a run
         self.ephemeral = ephemeral(program, strata)
+        #: predicates of recursive components (maintained by DRed, ``maintain``)
+        self.recursive = {p for c in strata.components if c.recursive for p in c.predicates}
         #: Δ of every predicate as the predicates above it use it (statement (2) for set predicates);
         #: absent: unchanged in this run
         self.used_delta: dict[str, DataFrame] = {}
@@ -275,8 +277,9 @@ class Counting:
         p = self.program.predicates[pred]
         # 000 Algorithm 4.1 statement (2): only set changes propagate upward. A keyed table's net delta is
         # one already (trimming refused an insert of a present key and a delete of an absent row), so a
-        # table is never read here
-        if p.semantics == "set" and p.kind != "base":
+        # table is never read here; so is DRed's Δ of a recursive predicate (000 §7: the stored tuples
+        # count 1, what is gone was present, Δ⁺ holds absent tuples only)
+        if p.semantics == "set" and p.kind != "base" and pred not in self.recursive:
             path, rows, _ = self.states.scratch.put(f"{pred}__set_change",
                                                     presence_change(self.states.old(pred), delta, list(p.columns),
                                                                     self.states.small))
@@ -342,9 +345,7 @@ class Counting:
                 dred = DRed(self, component, change)
                 for p, delta in dred.run().items():
                     delta = self.states.put_delta(p, delta) if delta is not None else None
-                    if delta is not None:  # a set change already, no statement (2): the stored tuples
-                        # count 1, what is gone was present and Δ⁺ holds absent tuples only (000 §7)
-                        self.used_delta[p] = delta
+                    self.note_delta(p, delta)
                 self.dred_stats[component] = dred.stats
             return self.states.delta(pred)
         terms = []
