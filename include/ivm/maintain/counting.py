@@ -45,7 +45,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from ivm.config import COUNT_COLUMN
-from ivm.ir import Atom, BodyItem, GroupBy, Literal, Program, SetOf, Var
+from ivm.ir import Atom, BodyItem, GroupBy, Literal, Program, SetOf, Var, Wildcard
 from ivm.maintain import cream, nested, references
 from ivm.maintain.delta_rules import DELTA, NEW, OLD, DeltaRule, delta_rules
 from ivm.maintain.dred import DRed, RuleChange
@@ -275,11 +275,8 @@ class Counting:
         if delta is None:
             return
         p = self.program.predicates[pred]
-        # 000 Algorithm 4.1 statement (2): only set changes propagate upward. A keyed table's net delta is
-        # one already (trimming refused an insert of a present key and a delete of an absent row), so a
-        # table is never read here; so is DRed's Δ of a recursive predicate (000 §7: the stored tuples
-        # count 1, what is gone was present, Δ⁺ holds absent tuples only)
-        if p.semantics == "set" and p.kind != "base" and pred not in self.recursive:
+        # 000 Algorithm 4.1 statement (2): only set changes propagate upward
+        if p.semantics == "set" and not self.set_changes(pred):
             path, rows, _ = self.states.scratch.put(f"{pred}__set_change",
                                                     presence_change(self.states.old(pred), delta, list(p.columns),
                                                                     self.states.small))
@@ -288,6 +285,14 @@ class Counting:
                 return
             delta = self.states.read(pred, [path])
         self.used_delta[pred] = delta
+
+    def set_changes(self, pred: str) -> bool:
+        """Whether the predicate's stored tuples count 1 and its Δ is already ``set(Pᵛ) − set(P)``, with
+        no stored state to read: a keyed table's net delta (trimming refused an insert of a present key
+        and a delete of an absent row; one key is one tuple) and DRed's Δ of a recursive predicate (000
+        §7: what is gone was present, Δ⁺ holds absent tuples only)."""
+        p = self.program.predicates[pred]
+        return (p.kind == "base" and p.semantics == "set") or pred in self.recursive
 
     def used(self, pred: str, state: str) -> DataFrame:
         """The predicate in a subgoal at ``state``: as the rules above it use it (sets: count 1)."""
@@ -449,10 +454,14 @@ class Counting:
 
     def negation_delta(self, atom: Atom) -> DataFrame:
         """000 Definition 6.1: Δ(Q̄) = +1 for tuples of Δ(Q) not in Q ⊎ Δ(Q), -1 for those not in Q."""
+        delta = consolidate(self.ev.atom(atom, self.states.delta(atom.pred)))
+        if self.set_changes(atom.pred) and not any(isinstance(a, Wildcard) for a in atom.args):
+            # Q's tuples count 1 and its Δ is set(Qᵛ) − set(Q) (`set_changes`); so is a selection of it
+            # (constants, repeated variables): -1 tuples were present and are gone, +1 ones the reverse
+            return delta.withColumn(C, -F.col(C))
         variables = [a.name for a in dict.fromkeys(x for x in atom.args if isinstance(x, Var))]
         old = self.ev.atom(atom, self.states.old(atom.pred))
         # the raw Δ(Q), not the set change: presence is judged on Q's own counts
-        delta = consolidate(self.ev.atom(atom, self.states.delta(atom.pred)))
         change = presence_change(old, delta, variables, self.states.small)
         return change.withColumn(C, -F.col(C))
 

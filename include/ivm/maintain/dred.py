@@ -159,6 +159,16 @@ def _negate(df: DataFrame) -> DataFrame:
     return df.withColumn(C, -F.col(C))
 
 
+def _union(*frames: DataFrame | None) -> DataFrame:
+    """⊎ of the frames that are there (None: an empty part, left out of the plan)."""
+    return union_all([f for f in frames if f is not None])
+
+
+def _added(rounds: Rounds, pred: str) -> DataFrame | None:
+    """What the rounds added to ``pred``, None while nothing."""
+    return rounds.all(pred) if rounds.rows[pred] else None
+
+
 class DRed:
     """The three steps of 000 §7 for one recursive component, over one run's states."""
 
@@ -316,7 +326,7 @@ class DRed:
         over = {p: deleted.all(p) for p in self.preds if deleted.rows[p]}
 
         def whole(q: str) -> DataFrame:  # Pᵛ: P less δ⁻(P), plus what was rederived so far
-            return union_all([self.old(q), _negate(deleted.all(q)), rounds.all(q)])
+            return _union(self.old(q), _negate(deleted.all(q)) if deleted.rows[q] else None, _added(rounds, q))
 
         def terms(p: str, changed: dict[str, DataFrame] | None) -> list[DataFrame]:
             out = []
@@ -343,15 +353,17 @@ class DRed:
         rounds = Rounds(self.ev, self.component, "dred_insert", self.schemas)
 
         def current(q: str) -> DataFrame:  # Pᵛ after step 2
-            return union_all([self.old(q), _negate(gone[q])])
+            return _union(self.old(q), _negate(gone[q]) if q in gone else None)
 
         def whole(q: str) -> DataFrame:
-            return union_all([current(q), rounds.all(q)])
+            return _union(current(q), _added(rounds, q))
 
         def known(p: str, new: DataFrame) -> DataFrame:  # already in Pᵛ: not an insertion
             cols = self.columns(p)
-            present = consolidate(restrict(current(p), new, cols, self.c.states.small), cols).where(F.col(C) > 0)
-            return anti_join(new, present, null_safe=True)
+            small = self.c.states.small
+            present = consolidate(restrict(current(p), new, cols, small), cols).where(F.col(C) > 0)
+            # (small: the tuples found are at most the round's, so the round is not shuffled against them)
+            return anti_join(new, F.broadcast(present) if small else present, null_safe=True)
 
         self._rounds(rounds, self.seeds(+1, whole, NEW), whole, NEW, known)
         return rounds
@@ -361,15 +373,14 @@ class DRed:
         started = time.perf_counter()
         deleted = self.overdelete()
         rederived = self.rederive(deleted)
-        gone = {}
+        gone = {}  # what step 3 starts from: P less it (absent: nothing of the predicate is gone)
         for p in self.preds:
-            paths = []
-            if not rederived.rows[p]:  # nothing rederived: what step 1 deleted is gone, as written
-                paths = deleted.paths[p]
+            if deleted.rows[p] and not rederived.rows[p]:  # nothing rederived: what step 1 deleted is gone
+                gone[p] = deleted.all(p)
             elif deleted.rows[p] > rederived.rows[p]:
-                paths = [self.c.states.scratch.put(f"{p}__dred_gone",
-                                                  anti_join(deleted.all(p), rederived.all(p), null_safe=True))[0]]
-            gone[p] = self.c.states.scratch.read(paths, self.schemas[p])
+                path = self.c.states.scratch.put(f"{p}__dred_gone",
+                                                 anti_join(deleted.all(p), rederived.all(p), null_safe=True))[0]
+                gone[p] = self.c.states.scratch.read([path], self.schemas[p])
         inserted = self.insert(gone)
         self.stats = {"over-deleted": sum(deleted.rows.values()), "rederived": sum(rederived.rows.values()),
                       "inserted": sum(inserted.rows.values())}
@@ -380,5 +391,6 @@ class DRed:
             if deleted.rows[p] == rederived.rows[p] and not inserted.rows[p]:
                 out[p] = None
             else:
-                out[p] = consolidate(union_all([_negate(gone[p]), inserted.all(p)]), self.columns(p))
+                out[p] = consolidate(_union(_negate(gone[p]) if p in gone else None, _added(inserted, p)),
+                                     self.columns(p))
         return out
