@@ -20,8 +20,13 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 demo: venv
 	$(BIN)/python include/views/demo/demo.py
 
+# two pytest workers (pytest-xdist), each with its own SparkSession; a file's tests stay on one worker
+# (module fixtures such as the standalone cluster start once). Much of a test's time is the driver's
+# planning and py4j round trips, so two processes share two cores better than one. TEST_WORKERS=0 runs
+# the suite in this process.
+TEST_WORKERS ?= 2
 test: venv
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # benchmarks (tests/bench/run.py --help): TPC-H from tpchgen-cli at SF $(SF), a generated closure
 SF ?= 0.1
