@@ -155,6 +155,19 @@ def test_commit_versions_must_not_go_back(project, tmp_path):
     assert stored(project) == before
 
 
+def test_a_log_range_reads_only_its_commit_versions(project, tmp_path):
+    """A segment holding several commit versions, read for a range that ends or starts inside it (a
+    backfill from a version), gives that range's changes only; a range around it reads it whole."""
+    row = '{{"res_id": {v}, "psgr_id": 2, "seat": "1A", "_change_type": "insert", "_commit_version": {v}}}'
+    project.append("res", lines(tmp_path / "a.jsonl", *(row.format(v=v) for v in (1, 2, 3))))
+    cfg, segments = project.config.tables["res"], project.catalog.segments("res", 0, 3)
+
+    def versions(after: int, upto: int) -> list[int]:
+        return sorted(r["_commit_version"] for r in read_log(project.spark, cfg, segments, after, upto).collect())
+
+    assert (versions(0, 3), versions(1, 3), versions(0, 2), versions(1, 2)) == ([1, 2, 3], [2, 3], [1, 2], [2])
+
+
 def test_same_file_twice_is_stored_once(project, tmp_path):
     path = csv(tmp_path / "a.csv", "res_id,psgr_id,seat,_change_type\n1,2,1A,insert")
     first = project.append("res", path)

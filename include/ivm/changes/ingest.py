@@ -132,12 +132,16 @@ def append_log(spark: SparkSession, catalog: Catalog, warehouse: Warehouse, name
 
 
 def read_log(spark: SparkSession, table: TableConfig, segments: list[SegmentRef], after: int, upto: int) -> DataFrame:
-    """The changes of the given segments with commit versions in (after, upto], in one scan."""
+    """The changes of the given segments with commit versions in (after, upto], in one scan; filtered
+    by version only when a segment reaches past the range (a filter's literals are compiled into the
+    scan's generated code, which would differ, and compile again, in every refresh)."""
     schema = f"{table.ddl()}, `{CHANGE_TYPE}` STRING, `{COMMIT_VERSION}` BIGINT, `{SEQ}` BIGINT"
     if not segments:
         return spark.createDataFrame([], schema)
-    return (spark.read.schema(schema).parquet(*[s.path for s in segments])
-                 .where((F.col(COMMIT_VERSION) > after) & (F.col(COMMIT_VERSION) <= upto)))
+    changes = spark.read.schema(schema).parquet(*[s.path for s in segments])
+    if all(after < s.min_commit_version and s.max_commit_version <= upto for s in segments):
+        return changes
+    return changes.where((F.col(COMMIT_VERSION) > after) & (F.col(COMMIT_VERSION) <= upto))
 
 
 #: segments whose footers are read to rule out update images in a log range; past this many (each a
