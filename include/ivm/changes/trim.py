@@ -112,10 +112,11 @@ def _keyed_delta(annotated: DataFrame, table: TableConfig, updates: Observation)
     before = F.when(F.col("first.old"), F.col("first.row"))
     after = F.when(F.col("last.sign") > 0, F.col("last.row"))
     noop = before.eqNullSafe(after)
-    images = F.filter(F.array(
+    # (array_compact, not F.filter with a Python lambda: PySpark names a lambda's variable afresh each
+    # time (x_7, x_9, ...) and the name is part of the generated code, which then compiles again)
+    images = F.array_compact(F.array(
         F.when(before.isNotNull() & ~noop, F.struct(before.alias("row"), F.lit(-1).cast("long").alias("n"))),
-        F.when(after.isNotNull() & ~noop, F.struct(after.alias("row"), F.lit(1).cast("long").alias("n")))),
-        lambda x: x.isNotNull())
+        F.when(after.isNotNull() & ~noop, F.struct(after.alias("row"), F.lit(1).cast("long").alias("n")))))
     updated = before.isNotNull() & after.isNotNull() & ~noop
     chains = chains.observe(updates, F.count(F.when(updated, 1)).alias("updated"))
     return (chains.select(F.explode(images).alias("i"))
