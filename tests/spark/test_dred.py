@@ -308,8 +308,8 @@ def test_a_closure_extends_a_changed_edge_through_itself_in_two_rounds(make_proj
     """Two chains a0→…→a3 and b0→…→b3: their full fixpoint takes four rounds (max_iterations: 4). The
     edge a3→b0 adds the 16 pairs (ai, bj): by the rules as written in one round per edge along b's
     chain (five rounds); with the transitivity rule the edge's tuples (ai, b0) are extended through
-    the closure at once (three). Deleting it over-deletes the 16 pairs as fast; the view is the
-    closure each time."""
+    the closure at once (two, DRed.closed_after_extension). Deleting it over-deletes the 16 pairs as
+    fast; the view is the closure each time."""
     p = make_project(TABLES, views={"reach_sql": {**DEFINITIONS["reach_sql"], "max_iterations": 4}})
     chains = [(f"{c}{i}", f"{c}{i + 1}") for c in "ab" for i in range(3)]
     load(p, tmp_path, {"link": chains, "blocked": [], "wlink": []})
@@ -320,6 +320,32 @@ def test_a_closure_extends_a_changed_edge_through_itself_in_two_rounds(make_proj
         append(p, tmp_path, n, {"link": [(kind, ("a3", "b0"))]})
         assert [w.mode for w in p.refresh().views] == ["incremental"]
         assert _zset(p.read_zset("reach_sql").collect()) == dict.fromkeys(expect, 1)
+
+
+def test_a_closure_change_ends_after_two_rounds_unless_changed_edges_chain(make_project, tmp_path):
+    """Chains a0→a1, b0→b1, c0→c1 (a full fixpoint of two rounds). Inserting a1→b0 and then deleting it
+    takes two rounds each (max_iterations: 2; the semi-naive round that would only find nothing is not
+    run: DRed.closed_after_extension). Inserting a1→b0 and b1→c0 in one commit chains the two: a0 reaches
+    c1 only through both, which the round after the second finds; the view is the closure each time."""
+    chains = [(f"{c}0", f"{c}1") for c in "abc"]
+
+    def closure(edges: list[tuple]) -> dict[tuple, int]:
+        return {(s, t): 1 for s in {s for s, _ in edges} for t in _reachable(edges, s)}
+
+    p = make_project(TABLES, views={"reach_sql": {**DEFINITIONS["reach_sql"], "max_iterations": 2}})
+    load(p, tmp_path, {"link": chains, "blocked": [], "wlink": []})
+    p.refresh()
+    for n, (kind, edges) in enumerate([("insert", [*chains, ("a1", "b0")]), ("delete", chains)], start=1):
+        append(p, tmp_path, n, {"link": [(kind, ("a1", "b0"))]})
+        assert [w.mode for w in p.refresh().views] == ["incremental"]
+        assert _zset(p.read_zset("reach_sql").collect()) == closure(edges)
+    chained = make_project(TABLES, root=tmp_path / "chained", views={"reach_sql": DEFINITIONS["reach_sql"]})
+    load(chained, tmp_path, {"link": chains, "blocked": [], "wlink": []})
+    chained.refresh()
+    append(chained, tmp_path, 3, {"link": [("insert", ("a1", "b0")), ("insert", ("b1", "c0"))]})
+    assert [w.mode for w in chained.refresh().views] == ["incremental"]
+    view = _zset(chained.read_zset("reach_sql").collect())
+    assert view == closure([*chains, ("a1", "b0"), ("b1", "c0")]) and ("a0", "c1") in view
 
 
 def test_changed_rules_are_followed_by_dred(make_project, tmp_path):

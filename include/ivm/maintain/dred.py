@@ -296,12 +296,22 @@ class DRed:
         the Δ⁻-rules would not: δ⁻(p) ⋈ P and P ⋈ δ⁻(p) are old tuples with an old derivation through
         an over-deleted tuple. Of its two terms only the one that reaches past the linear rules' first
         round runs (``fixpoint.transitive_extensions``: with ``p(X, Z), e(Z, Y)``, the tuples are extended
-        by the successors of their ends), so the round scans the closure once."""
+        by the successors of their ends), so the round scans the closure once. When no path takes two
+        changed edges the second round is the last (``closed_after_extension``): the semi-naive round
+        after it, which would find nothing, is not run."""
         plain = self.old_rules if state == OLD else self.rules
         rules = {p: plain[p] + ([("transitive", self.transitive[p])] if p in self.transitive else [])
                  for p in self.preds}  # the first round's
+        closed = False  # the second round ends the fixpoint (``closed_after_extension``)
         while candidates:
             changed = rounds.add(candidates, known)
+            if closed:
+                log.info("%s: %s complete after round 2: no path takes two changed edges, so no round of "
+                         "the fixpoint can add more (DRed.closed_after_extension)", rounds.view, rounds.step)
+                return
+            if rounds.round == 1:
+                closed = all(p in self.transitive for p in self.preds) and \
+                    all(self.closed_after_extension(p, changed[p], state) for p in changed)
             candidates = {}
             for p in self.preds:
                 terms = [t for r, rule in rules[p]
@@ -311,6 +321,35 @@ class DRed:
                 if terms:
                     candidates[p] = as_set(union_all(terms), self.columns(p))
             rules = plain
+
+    def closed_after_extension(self, p: str, first: DataFrame, state: str) -> bool:
+        """Whether the first two rounds of step 1 or 3 on the transitive closure ``p`` (``transitive_rule``)
+        reach the fixpoint, so that the semi-naive round that would only prove it is not run.
+
+        With ``p(X, Z), e(Z, Y)`` the first round holds, for each changed edge (a, b), (a, b) and the
+        (x, b) of every (x, a) in the closure the step reads (less, in step 3, the tuples of Pᵛ); the
+        second extends them by the closure on the right. A path x →* a → b →* y with one changed edge is
+        then complete: (x, b) is in the first round or in the closure, and (b, y) in the closure.
+        Step 1 (old state): over-deleted are the old paths through a deleted edge; cut at the first
+        one, the rest of the path is old, so every one is a path with one changed edge to extend, and
+        the two rounds hold them all. Step 3 (new state): a new pair whose every path takes k ≥ 2
+        inserted edges, a₁ → b₁ →* a₂ → b₂ with old edges between, puts (b₁, b₂) into the first round
+        (b₁ reaches a₂ in Pᵛ or is a₂; and (b₁, b₂) is not in Pᵛ, else a path with fewer inserted edges
+        would exist): so if no tuple of the first round starts where an inserted edge ends, every new
+        pair has a path with one inserted edge. ``e(X, Z), p(Z, Y)`` is the mirror image (a tuple that
+        ends where an inserted edge starts). The check is one small semi-join of the first round with
+        the inserted edges; the round it saves joins the second round with the edges and the closure."""
+        if state == OLD:
+            return True
+        r, exit_rule = next((r, rule) for r, rule in self.rules[p] if not recursive_positions(rule, self.preds))
+        inserted = self.lower_changes(p, r, exit_rule, +1).get(0)
+        if inserted is None:
+            return True
+        x, y = (a.name for a in exit_rule.head.args)  # e(X, Y): the inserted edges' columns (_linear_sides)
+        right = 0 not in self.transitive_skip[p]  # p(X, Z), e(Z, Y): the round's tuples extend on the right
+        at, end = (x, y) if right else (y, x)
+        ends = inserted.select(F.col(end).alias(at)).distinct()
+        return self.ev.atom(exit_rule.head, first).join(ends, at, "left_semi").isEmpty()
 
     # -- the three steps ------------------------------------------------------------------------------
 
