@@ -33,12 +33,19 @@ LOG4J2 = Path(__file__).with_name("log4j2.properties")
 #: entries only the code whose literals change from run to run (a delta's key ranges and IN lists)
 #: compiles again: 16 and 6 per refresh (about -0.4 s and -0.5 s a refresh, A/B on one machine); 4 for
 #: Q3 once the log scans dropped a needless version filter and the trim a Python lambda (ivm.changes).
+#: PySpark's DataFrame debugging (on by default) sends the Python call site of every Column function to
+#: the JVM around the call, for the "DataFrame" query context of errors raised while the plan runs: its
+#: wrapper looks up the session, a setting and a JVM class each time, 13 py4j round trips for one
+#: ``F.col`` instead of 3. The call sites it records are ivm's own lines, which say nothing to a user
+#: whose input is the project file (ivm's errors name the table, view, column and row); off, a Q3
+#: refresh at SF 1 makes ~5,400 py4j calls instead of ~11,000.
 DEFAULT_CONF = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.shuffle.partitions": "4",
     "spark.sql.adaptive.enabled": "true",
     "spark.sql.codegen.cache.maxEntries": "2000",
+    "spark.python.sql.dataFrameDebugging.enabled": "false",
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.sources.partitionOverwriteMode": "dynamic",
     "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={LOG4J2}",
