@@ -348,7 +348,7 @@ class DRed:
         x, y = (a.name for a in exit_rule.head.args)  # e(X, Y): the inserted edges' columns (_linear_sides)
         right = 0 not in self.transitive_skip[p]  # p(X, Z), e(Z, Y): the round's tuples extend on the right
         at, end = (x, y) if right else (y, x)
-        ends = inserted.select(F.col(end).alias(at)).distinct()
+        ends = inserted.select(F.col(end).alias(at))  # (a semi-join needs no distinct keys)
         return self.ev.atom(exit_rule.head, first).join(ends, at, "left_semi").isEmpty()
 
     # -- the three steps ------------------------------------------------------------------------------
