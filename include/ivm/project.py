@@ -27,7 +27,7 @@ from ivm.spark import session
 from ivm.storage import Warehouse, new_id
 from ivm.stratify import Strata, stratify
 from ivm.validate import ViewCheck, ViewState, check_views
-from ivm.zset import consolidate, expand
+from ivm.zset import expand
 
 log = logging.getLogger(__name__)
 
@@ -350,10 +350,7 @@ class Project:
         state = self.catalog.state(name)
         if name in self.config.views and state.version_id is None:
             raise NotFoundError(f"view {name} has not been materialized yet; run `ivm refresh`")
-        layers = self.warehouse.read_layers(self.spark, [x.path for x in state.layers], self.schema(name))
-        if len(state.layers) == 1 and state.base is not None:
-            return layers  # a base layer alone is consolidated already
-        return consolidate(layers)
+        return self.warehouse.read_consolidated(self.spark, state.layers, self.schema(name), self.cluster_columns(name))
 
     def last_delta(self, name: str) -> DataFrame | None:
         """What the newest version of a relation changed, as a Z-set (+n inserted, -n deleted tuples):

@@ -39,7 +39,7 @@ from ivm.errors import ChangeDataError, ConfigError, NotFoundError, RunError, Va
 from ivm.lang import compile_project
 from ivm.maintain import nested
 from ivm.maintain.count_free import CountFree
-from ivm.maintain.counting import Counting, RunStates, materialize, view_predicates
+from ivm.maintain.counting import Counting, RunStates, ephemeral, materialize, view_predicates
 from ivm.maintain.crossover import estimate as crossover_estimate
 from ivm.maintain.dred import RuleChange, rule_change
 from ivm.maintain.recompute import Evaluator, as_used
@@ -48,6 +48,8 @@ from ivm.storage import Scratch, WrittenLayer, new_id
 from ivm.zset import consolidate, small_change
 
 if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
     from ivm.project import Project
 
 log = logging.getLogger(__name__)
@@ -544,12 +546,17 @@ def load_plan(project: Project, run_id: str) -> tuple[Plan, dict[str, int | None
     return p, d["versions"]
 
 
-def old_layers(project: Project, p: Plan, name: str) -> list[tuple[str, int]]:
-    """The layers (path, rows) of the state a run maintains ``name`` from: the published one, or a
-    replay's restored one."""
+def old_layer_refs(project: Project, p: Plan, name: str) -> list[LayerRef]:
+    """The layers of the state a run maintains ``name`` from: the published one, or a replay's restored
+    one."""
     if p.replay and name in p.replay.layers:
-        return [(x["path"], x["rows"] or 0) for x in p.replay.layers[name]]
-    return [(x.path, x.rows or 0) for x in project.catalog.state(name).layers]
+        return [LayerRef(x["id"], x["kind"], x["path"], x["rows"], x["bytes"]) for x in p.replay.layers[name]]
+    return list(project.catalog.state(name).layers)
+
+
+def old_layers(project: Project, p: Plan, name: str) -> list[tuple[str, int]]:
+    """(path, rows) of each of `old_layer_refs`."""
+    return [(x.path, x.rows or 0) for x in old_layer_refs(project, p, name)]
 
 
 def old_paths(project: Project, p: Plan, name: str) -> list[str]:
@@ -606,8 +613,10 @@ class _Maintenance:
                                 single_partition_rows=project.config.spark.single_partition_rows)
         relations = set(project.config.tables) | {r for w in p.views for r in project.stored_relations(w.view)} | {
             u for w in p.views for u in strata.upstream(w.view) if program.predicates[u].kind == "view"}
+        self.old: dict[str, list[LayerRef]] = {}
         for name in relations:
-            self.states.old_paths[name] = old_paths(project, p, name)
+            self.old[name] = old_layer_refs(project, p, name)
+            self.states.old_paths[name] = [x.path for x in self.old[name]]
         self.counting = Counting(program, strata, self.states, project.groupby_states, project.schema,
                                  project.max_iterations)
         for t in p.tables:  # (all noted before any is read: together they decide `small`)
@@ -618,7 +627,8 @@ class _Maintenance:
                 self.counting.note_delta(t.table, self.states.delta(t.table))
             if t.updated_keys is not None:
                 self.counting.updated_keys[t.table] = t.updated_keys
-        self.full = Evaluator(program, strata, {}, scratch=scratch, limits=project.max_iterations)
+        self.full = Evaluator(program, strata, {}, scratch=scratch, limits=project.max_iterations,
+                              grouped_only=frozenset(ephemeral(program, strata)))  # (given: consolidated states)
         self.count_free = CountFree(program, strata, self.counting)
         for work in p.views:  # what earlier stages staged: the views of lower strata
             if work.maintained:
@@ -631,6 +641,17 @@ class _Maintenance:
             return None
         self.written[name] = layer
         return layer.path, layer.bytes or 0, layer.rows or 0
+
+    def new_state(self, name: str) -> DataFrame:
+        """``name`` after this run, consolidated: the base layer a full recompute wrote, or its old layers
+        and this run's delta (`Warehouse.read_consolidated`)."""
+        states, project = self.states, self.project
+        if name in states.replaced:  # a base layer: consolidated as written
+            return states.new(name)
+        layers = self.old.get(name, []) + ([LayerRef("", "delta", states.delta_paths[name], None,
+                                                     states.delta_bytes[name])] if name in states.delta_paths else [])
+        return project.warehouse.read_consolidated(project.spark, layers, project.schema(name),
+                                                   project.cluster_columns(name))
 
     def absorb(self, work: ViewWork) -> None:
         """Make a view maintained by an earlier stage visible to the views above it: its new state, and
@@ -701,7 +722,7 @@ class _Maintenance:
             own = set(view_predicates(program, strata, work.view))  # a recursive view is upstream of itself
             for name in strata.upstream(work.view) - set(full.relations) - own:
                 if program.predicates[name].kind in ("base", "view"):  # (extractions: from their tables)
-                    full.relations[name] = consolidate(states.new(name))
+                    full.relations[name] = self.new_state(name)
             for name, df in materialize(full, project.groupby_states, work.view):
                 if work.strategy != "counting":
                     if name != work.view:

@@ -27,6 +27,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StructField, StructType
 
 from ivm.config import COUNT_COLUMN
+from ivm.zset import BROADCAST_BYTES, consolidate, consolidate_onto
 
 log = logging.getLogger(__name__)
 
@@ -178,6 +179,23 @@ class Warehouse:
         if not paths:
             return spark.createDataFrame([], zschema)
         return spark.read.schema(zschema).parquet(*paths)
+
+    def read_consolidated(self, spark: SparkSession, layers: Sequence, schema: StructType,
+                          columns: Sequence[str]) -> DataFrame:
+        """The relation the ``layers`` (each with ``path``, ``kind``, ``bytes``: a LayerRef, a WrittenLayer)
+        make up, consolidated. A base layer is consolidated when written: alone it is read as it is;
+        followed by delta layers of at most BROADCAST_BYTES together, only its tuples that agree with
+        theirs on ``columns`` (the key the base layer is sorted by) are grouped with them
+        (`zset.consolidate_onto`); else every tuple is grouped."""
+        paths = [x.path for x in layers]
+        if not layers or layers[0].kind != "base":
+            return consolidate(self.read_layers(spark, paths, schema))
+        if len(layers) == 1:
+            return self.read_layers(spark, paths, schema)
+        if sum(BROADCAST_BYTES + 1 if x.bytes is None else x.bytes for x in layers[1:]) > BROADCAST_BYTES:
+            return consolidate(self.read_layers(spark, paths, schema))
+        return consolidate_onto(self.read_layers(spark, paths[:1], schema),
+                                self.read_layers(spark, paths[1:], schema), columns)
 
     def files_for(self, size_bytes: int | None, target_mb: int) -> int:
         """How many files a base layer of about ``size_bytes`` should have."""

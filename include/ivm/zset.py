@@ -36,6 +36,24 @@ def consolidate(df: DataFrame, columns: Sequence[str] | None = None) -> DataFram
               .where(F.col(COUNT_COLUMN) != 0))
 
 
+#: a delta (a round's new tuples, a delta layer) up to this size in Parquet bytes is broadcast into the
+#: joins that read it, so the large relations it joins are scanned once and never shuffled
+BROADCAST_BYTES = 64 * 2**20
+
+
+def consolidate_onto(base: DataFrame, delta: DataFrame, columns: Sequence[str]) -> DataFrame:
+    """consolidate(base ⊎ delta) for a consolidated ``base`` and a ``delta`` small enough to broadcast:
+    only the tuples of ``base`` whose ``columns`` occur in ``delta`` are grouped with it, the others
+    are consolidated already and pass as they are. Any columns will do (a tuple of ``delta`` equal to
+    one of ``base`` agrees with it on all of them); a key sends the fewest tuples to be grouped. Two
+    scans of ``base``, each with a broadcast join, where consolidating all of it shuffles every tuple
+    by every column."""
+    keys = F.broadcast(delta.select(*[F.col(f"`{c}`").alias(f"__k{i}") for i, c in enumerate(columns)]))
+    cond = reduce(lambda a, b: a & b, [base[f"`{c}`"].eqNullSafe(keys[f"__k{i}"]) for i, c in enumerate(columns)])
+    touched = base.join(keys, cond, "left_semi")
+    return base.join(keys, cond, "left_anti").unionByName(consolidate(touched.unionByName(delta)))
+
+
 def row_struct(columns: Sequence[str]) -> Column:
     """All columns of a tuple as one struct, compared null-safely with ``eqNullSafe``."""
     return F.struct(*[F.col(f"`{c}`") for c in columns])

@@ -90,6 +90,11 @@ def test_views_follow_the_base_tables(project, tmp_path):
     assert {v: project.catalog.state(v).version for v in VIEWS} == versions
     assert project.catalog.watermarks()[("hop", "link")] == 2
     assert_views_match(project)
+    # a full recompute reads link's base layer and its delta layer consolidated (Warehouse.read_consolidated)
+    # and groups fan's rows without consolidating them first (Evaluator.grouped_only)
+    assert len(project.catalog.state("link").layers) == 2
+    assert {v.mode for v in project.refresh(mode="full").views} == {"full"}
+    assert_views_match(project)
 
 
 def test_bad_changes_leave_views_untouched(project, tmp_path):

@@ -49,12 +49,11 @@ from ivm.ir import Atom, BodyItem, GroupBy, Literal, Program, SetOf, Var, Wildca
 from ivm.maintain import cream, nested, references
 from ivm.maintain.delta_rules import DELTA, NEW, OLD, DeltaRule, delta_rules
 from ivm.maintain.dred import DRed, RuleChange
-from ivm.maintain.fixpoint import BROADCAST_BYTES
 from ivm.maintain.groupby import GroupByState
 from ivm.maintain.recompute import Evaluator, as_used, connected, join_order
 from ivm.storage import Scratch
 from ivm.stratify import Component, Strata
-from ivm.zset import anti_join, consolidate, one_partition, restrict, small_change, union_all
+from ivm.zset import BROADCAST_BYTES, anti_join, consolidate, one_partition, restrict, small_change, union_all
 
 log = logging.getLogger(__name__)
 C = COUNT_COLUMN
@@ -140,7 +139,7 @@ def materialize(ev: Evaluator, states: dict[str, GroupByState], view: str):
             continue
         for name, _, g in groupby_subgoals(ev.program, pred):
             st = states[name]
-            rows = ev.atom(g.atom)  # the grouped relation as used: consolidated, positive counts
+            rows = ev.atom(g.atom)  # the grouped relation as used: positive counts (Evaluator.grouped_only)
             yield name, st.full(rows)
             for var in st.distinct_args():
                 yield st.distinct_name(var), st.distinct_rows(rows, var)

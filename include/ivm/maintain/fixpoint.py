@@ -29,15 +29,12 @@ from ivm.config import COUNT_COLUMN
 from ivm.errors import ConfigError
 from ivm.ir import Atom, BodyItem, Const, Literal, Program, Rule, Var, Wildcard
 from ivm.stratify import Component
-from ivm.zset import anti_join, consolidate, union_all
+from ivm.zset import BROADCAST_BYTES, anti_join, consolidate, union_all
 
 log = logging.getLogger(__name__)
 C = COUNT_COLUMN
 #: rounds a fixpoint may take before the refresh fails (per view: ``max_iterations`` in the project file)
 DEFAULT_MAX_ITERATIONS = 1000
-#: a delta (a round's new tuples, a delta layer) up to this size in Parquet bytes is broadcast into the
-#: joins that read it, so the large relations it joins are scanned once and never shuffled
-BROADCAST_BYTES = 64 * 2**20
 
 Subgoal = Callable[[int, BodyItem], DataFrame | None]
 Absent = Callable[[int, Literal, DataFrame], DataFrame]

@@ -133,7 +133,8 @@ class GroupByState:
     # -- full computation -----------------------------------------------------------------------------
 
     def full(self, rows: DataFrame) -> DataFrame:
-        """The state of every group from U's consolidated rows (variables + ``__count``, all positive)."""
+        """The state of every group from U's rows (variables + ``__count``, all positive; consolidated or
+        not: equal rows add up in the groups either way)."""
         state = self._partial(rows)  # over positive counts: the decomposed functions of every group
         plain = expand(rows)
         # T's values as the full evaluation computes them (Spark's own aggregates over the bag), kept in

@@ -69,14 +69,20 @@ class Evaluator:
 
     Recursive components run to their fixpoint (ivm.maintain.fixpoint), writing each round to
     ``scratch``; ``plans_only`` builds plans with the right column types without running any job
-    (a recursive component then gets the plan of its exit rules and one unfolding).
+    (a recursive component then gets the plan of its exit rules and one unfolding). ``grouped_only``:
+    bag predicates whose rows only a GROUPBY reads (counting.ephemeral), left unconsolidated — for
+    relations given consolidated with positive counts (a full refresh's states), where every derived
+    count is positive too and grouping the rows adds their counts up anyway: consolidating them would
+    shuffle every row of a join or projection by all its columns for nothing.
     """
 
     def __init__(self, program: Program, strata: Strata, relations: Mapping[str, DataFrame],
-                 scratch: Scratch | None = None, limits: Mapping[str, int] | None = None, plans_only: bool = False):
+                 scratch: Scratch | None = None, limits: Mapping[str, int] | None = None, plans_only: bool = False,
+                 grouped_only: frozenset[str] = frozenset()):
         self.program = program
         self.strata = strata
         self.relations: dict[str, DataFrame] = dict(relations)
+        self.grouped_only = grouped_only
         self._scratch = scratch
         self.limits = dict(limits or {})
         self.plans_only = plans_only
@@ -107,7 +113,7 @@ class Evaluator:
             frames = [self.rule(r) for r in self.program.rules_for(pred)]
             # an extraction function (002 §2.2) is joined as it comes: consolidating every element of
             # every collection would be a shuffle of the whole extension for nothing (joins distribute)
-            self.relations[pred] = union_all(frames) if p.kind == "extraction" else \
+            self.relations[pred] = union_all(frames) if p.kind == "extraction" or pred in self.grouped_only else \
                 consolidate(union_all(frames), p.columns)
         return self.relations[pred]
 
