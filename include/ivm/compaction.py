@@ -20,7 +20,6 @@ from ivm.catalog.store import PublishChange, RelationState, StageRecord
 from ivm.config import StorageSettings
 from ivm.errors import one_line
 from ivm.storage import new_id
-from ivm.zset import consolidate
 
 if TYPE_CHECKING:
     from ivm.project import Project
@@ -66,7 +65,8 @@ def compact(project: Project, relations: Iterable[str], force: bool = False,
         for state in todo:
             started = time.perf_counter()
             schema = project.schema(state.name)
-            zset = consolidate(project.warehouse.read_layers(project.spark, [x.path for x in state.layers], schema))
+            zset = project.warehouse.read_consolidated(project.spark, state.layers, schema,
+                                                       project.cluster_columns(state.name))
             size = sum(x.bytes or 0 for x in state.layers)
             written = project.warehouse.write_layer(
                 zset, state.name, "base", cluster_by=project.cluster_columns(state.name),
