@@ -14,6 +14,7 @@ from functools import reduce
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
+from pyspark.sql.types import DateType, NumericType
 
 from ivm.config import COUNT_COLUMN
 
@@ -96,10 +97,8 @@ def one_partition(df: DataFrame) -> DataFrame:
     return df.coalesce(1)
 
 
-#: ranges a skipping filter cuts the keys into, and the most keys it collects to cut them on the driver
-#: (beyond: Spark cuts them, two more small jobs)
+#: ranges a skipping filter cuts the keys into
 SKIP_RANGES = 16
-SKIP_KEYS = 100_000
 #: stored rows below which a skipping filter is not worth its job (a row group holds ~10⁵-10⁶ rows)
 SKIP_MIN_ROWS = 1_000_000
 
@@ -109,15 +108,43 @@ def skipping_filter(keys: DataFrame, column: str) -> Column:
     keys' distinct values, sorted, cut into at most SKIP_RANGES ranges at their widest gaps (numbers and
     dates; other types in equal runs). A relation whose layers are sorted by ``column`` (base layers
     are sorted by their key) then skips the row groups no key falls in, where a semi-join would read
-    them all; new keys past the largest and deleted old ones are two ranges. One small job while there
-    are at most SKIP_KEYS keys (cut here); beyond, Spark cuts them (`spark_key_ranges`), so a large
-    change still skips what it does not touch. A NULL key keeps the NULL rows."""
-    c = F.col(f"`{column}`")
-    values = [r[0] for r in keys.select(c.alias("k")).distinct().limit(SKIP_KEYS + 2).collect()]
-    if len(values) > SKIP_KEYS + 1:
-        return spark_key_ranges(keys, column)
-    ranges = key_ranges(sorted(v for v in values if v is not None), column)  # (sorted here: no sort job)
-    return ranges | c.isNull() if None in values else ranges  # restrict's semi-join is null-safe
+    them all; new keys past the largest and deleted old ones are two ranges. A NULL key keeps the NULL
+    rows (restrict's semi-join is null-safe).
+
+    One small query whatever the number of keys: Spark sorts the distinct keys (a change's, in one
+    partition) and hands the driver at most SKIP_RANGES + 2 rows: the lowest and the highest key, the
+    widest gaps between neighbours (or the bounds of equal runs), whether a key is NULL. (Collecting
+    the keys to cut them here took seconds at 10⁵ keys: a Python object per key.)"""
+    c, k = F.col(f"`{column}`"), F.col("k")
+    distinct = keys.select(c.alias("k")).distinct()
+    kind = distinct.schema["k"].dataType
+    order = Window.orderBy(k.asc_nulls_last())  # (the NULL key, if any, last)
+    if isinstance(kind, NumericType | DateType):
+        prev, following = F.lag(k).over(order), F.lead(k).over(order)
+        rows = distinct.select(k, prev.alias("prev"), following.alias("next"))
+        prev, following = F.col("prev"), F.col("next")
+        gap = F.when(k.isNotNull() & prev.isNotNull(),
+                     F.datediff(k, prev) if isinstance(kind, DateType) else k - prev)
+        end = k.isNull() | (k.isNotNull() & (prev.isNull() | following.isNull()))  # NULL, lowest, highest
+        # the ends first, then the widest gaps: the SKIP_RANGES - 1 widest are among these rows (the
+        # highest key's gap is one of them either way)
+        found = (rows.select(k, prev, following, gap.alias("gap"), end.alias("end"))
+                     .orderBy(F.col("end").desc(), F.col("gap").desc_nulls_last()).limit(SKIP_RANGES + 2).collect())
+        nulls = any(r["k"] is None for r in found)
+        lows = [r["k"] for r in found if r["k"] is not None and r["prev"] is None]
+        if not lows:
+            return c.isNull() if nulls else F.lit(False)
+        [high] = [r["k"] for r in found if r["k"] is not None and r["next"] is None]
+        widest = sorted((r for r in found if r["gap"] is not None), key=lambda r: r["gap"], reverse=True)
+        cuts = sorted((r["prev"], r["k"]) for r in widest[:SKIP_RANGES - 1])
+        bounds = list(zip([lows[0], *[b for _, b in cuts]], [*[a for a, _ in cuts], high], strict=True))
+    else:
+        runs = (distinct.select(k, F.ntile(SKIP_RANGES).over(order).alias("run")).groupBy("run")
+                        .agg(F.min(k).alias("lo"), F.max(k).alias("hi"), F.max(k.isNull()).alias("nulls")).collect())
+        nulls = any(r["nulls"] for r in runs)
+        bounds = sorted((r["lo"], r["hi"]) for r in runs if r["lo"] is not None)
+    ranges = _between(column, bounds)
+    return ranges | c.isNull() if nulls else ranges
 
 
 def _gapped(value) -> bool:
@@ -132,7 +159,8 @@ def _between(column: str, bounds: Sequence[tuple]) -> Column:
 
 
 def key_ranges(values: list, column: str) -> Column:
-    """`skipping_filter`'s ranges over sorted, distinct, non-NULL ``values`` (none: nothing passes)."""
+    """`skipping_filter`'s ranges over sorted, distinct, non-NULL ``values`` the driver holds already
+    (none: nothing passes)."""
     if not values:
         return F.lit(False)
     cuts: list[int]
@@ -146,32 +174,6 @@ def key_ranges(values: list, column: str) -> Column:
         cuts = list(range(step, len(values), step))
     bounds = [0, *cuts, len(values)]
     return _between(column, [(values[a], values[b - 1]) for a, b in zip(bounds, bounds[1:], strict=False)])
-
-
-def spark_key_ranges(keys: DataFrame, column: str) -> Column:
-    """`key_ranges` of the distinct keys, cut by Spark (two small jobs, SKIP_RANGES rows to the driver):
-    the SKIP_RANGES - 1 widest gaps between consecutive keys (numbers and dates), or equal runs by
-    ``ntile`` (other types). The keys are sorted in one partition (a window over the whole order): they
-    are a change's keys, not a table's."""
-    c, k = F.col(f"`{column}`"), F.col("k")
-    ends = keys.agg(F.min(c).alias("lo"), F.max(c).alias("hi"), F.max(c.isNull().cast("int")).alias("nulls")).first()
-    if ends["lo"] is None:
-        return c.isNull() if ends["nulls"] else F.lit(False)
-    distinct = keys.select(c.alias("k")).where(k.isNotNull()).distinct()
-    order = Window.orderBy(k)
-    if _gapped(ends["lo"]):
-        prev = F.lag(k).over(order)
-        gap = F.datediff(k, prev) if isinstance(ends["lo"], datetime.date) else k - prev
-        cuts = sorted((r["prev"], r["k"]) for r in distinct.select(k, prev.alias("prev"), gap.alias("gap"))
-                      .where(F.col("prev").isNotNull()).orderBy(F.col("gap").desc()).limit(SKIP_RANGES - 1).collect())
-        starts, stops = [ends["lo"], *[b for _, b in cuts]], [*[a for a, _ in cuts], ends["hi"]]
-        bounds = list(zip(starts, stops, strict=True))
-    else:
-        runs = distinct.select(k, F.ntile(SKIP_RANGES).over(order).alias("run")).groupBy("run").agg(
-            F.min(k).alias("lo"), F.max(k).alias("hi"))
-        bounds = sorted((r["lo"], r["hi"]) for r in runs.collect())
-    ranges = _between(column, bounds)
-    return ranges | c.isNull() if ends["nulls"] else ranges
 
 
 def anti_join(left: DataFrame, right: DataFrame, null_safe: bool) -> DataFrame:

@@ -224,16 +224,12 @@ def test_rf_refresh_reads_no_lineitem_while_maintaining(make_project, tmp_path, 
     assert m.rows_read < 1000, m
 
 
-@pytest.mark.parametrize("cut_by", ["driver", "spark"])
-def test_skipping_filter_cuts_the_keys_at_their_widest_gaps(spark, monkeypatch, cut_by):
+def test_skipping_filter_cuts_the_keys_at_their_widest_gaps(spark, monkeypatch):
     """The ranges the trim and the shortcuts' reads give the Parquet reader: never a key lost (NULLs
-    included), and cut where the keys are farthest apart; the same whether the keys are few enough to
-    cut on the driver or Spark cuts them (more than SKIP_KEYS)."""
+    included), and cut where the keys are farthest apart."""
     from ivm import zset
 
     monkeypatch.setattr(zset, "SKIP_RANGES", 2)
-    if cut_by == "spark":
-        monkeypatch.setattr(zset, "SKIP_KEYS", 0)
     rows = spark.range(0, 6000).selectExpr("CAST(id AS INT) AS k")
     keys = spark.createDataFrame([(1,), (3,), (2,), (100,), (101,), (5000,)], "k int")
     kept = rows.where(zset.skipping_filter(keys, "k"))

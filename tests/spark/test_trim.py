@@ -226,12 +226,11 @@ def test_bag_net_delta_equals_in_order_application(spark, case):
     assert applied(state, delta) == expected
 
 
-def test_ranges_cut_by_spark_lose_no_stored_row(spark, monkeypatch):
-    """Beyond SKIP_KEYS keys the skipping filter's ranges are cut by Spark: the stored rows the changes
-    touch (one at each end, one in the middle, a NULL tuple of a bag) are all still found."""
+def test_skipping_ranges_lose_no_stored_row(spark, monkeypatch):
+    """The skipping filter's ranges (two here, cut by Spark): the stored rows the changes touch (one at
+    each end, one in the middle, a NULL tuple of a bag) are all still found."""
     from ivm import zset
 
-    monkeypatch.setattr(zset, "SKIP_KEYS", 0)
     monkeypatch.setattr(zset, "SKIP_RANGES", 2)
     state = {k: f"v{k}" for k in range(200)}
     changes = [("delete", 0, "v0", 1), ("update_preimage", 100, "v100", 2), ("update_postimage", 100, "w", 2),
