@@ -125,7 +125,7 @@ def skipping_filter(keys: DataFrame, column: str) -> Column:
         prev, following = F.col("prev"), F.col("next")
         gap = F.when(k.isNotNull() & prev.isNotNull(),
                      F.datediff(k, prev) if isinstance(kind, DateType) else k - prev)
-        end = k.isNull() | (k.isNotNull() & (prev.isNull() | following.isNull()))  # NULL, lowest, highest
+        end = k.isNull() | prev.isNull() | following.isNull()  # NULL, lowest, highest
         # the ends first, then the widest gaps: the SKIP_RANGES - 1 widest are among these rows (the
         # highest key's gap is one of them either way)
         found = (rows.select(k, prev, following, gap.alias("gap"), end.alias("end"))
