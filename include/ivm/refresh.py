@@ -44,6 +44,7 @@ from ivm.maintain.crossover import estimate as crossover_estimate
 from ivm.maintain.dred import RuleChange, rule_change
 from ivm.maintain.recompute import Evaluator, as_used
 from ivm.maintain.strategy import stored_form
+from ivm.spark import adaptive
 from ivm.storage import Scratch, WrittenLayer, new_id
 from ivm.zset import consolidate, small_change
 
@@ -574,13 +575,17 @@ def trim_stage(project: Project, run_id: str, progress: Progress = lambda _: Non
     a handful of small jobs and driver-side planning, which alone leave the executors idle. The first
     failure in plan order is raised once every trim has ended; nothing is recorded then."""
     p, _ = load_plan(project, run_id)
+    limit = project.config.spark.single_partition_rows
     if p.replay:
         done = [replay_delta(project, p, item) for item in p.tables]
     elif len(p.tables) == 1:  # nothing to overlap with
-        done = [trim_table(project, run_id, p.tables[0])()]
+        with adaptive(project.spark, not small_change(p.tables[0].log_rows, limit)):
+            done = [trim_table(project, run_id, p.tables[0])()]
     else:
         runs = [inheritable_thread_target(project.spark)(trim_table(project, run_id, item)) for item in p.tables]
-        with ThreadPoolExecutor(max_workers=TRIM_THREADS, thread_name_prefix="ivm-trim") as pool:
+        # (one setting for the trims running side by side: off only when every one is a small change's)
+        with adaptive(project.spark, not all(small_change(t.log_rows, limit) for t in p.tables)), \
+                ThreadPoolExecutor(max_workers=TRIM_THREADS, thread_name_prefix="ivm-trim") as pool:
             futures = [pool.submit(run) for run in runs]
         done = [f.result() for f in futures]  # (leaving the pool waited for every trim)
     for item in done:
@@ -767,7 +772,10 @@ def maintain_stage(project: Project, run_id: str, views: list[str] | None = None
     scratch = Scratch(project.warehouse, project.spark, f"{run_id}/{'+'.join(w.view for w in todo)[:100]}")
     m = _Maintenance(project, p, scratch)
     for work in todo:
-        m.maintain(work, progress)  # (what it wrote is visible to the views above it through m already)
+        # a small run's incremental maintenance without adaptive execution (ivm.spark.adaptive); a full
+        # recompute keeps it
+        with adaptive(project.spark, not (work.mode == "incremental" and m.states.small)):
+            m.maintain(work, progress)  # (what it wrote is visible to the views above it through m already)
         work.maintained = True
         project.catalog.save_stage(run_id, StageRecord(
             "maintain", work.view, mode=work.mode, rows_in=work.delta_in, rows_out=work.rows,

@@ -35,6 +35,7 @@ from pyspark.sql import functions as F
 
 from ivm.config import COUNT_COLUMN
 from ivm.ir import GroupBy, Program, Var
+from ivm.spark import adaptive
 from ivm.storage import Scratch
 from ivm.zset import consolidate, restrict, small_change, union_all
 
@@ -230,7 +231,8 @@ def negative_counts(project: Project, states: list[ViewState]) -> dict[str, str]
             F.col(COUNT_COLUMN)))
     if not checks:
         return {}
-    rows = union_all(checks).collect()  # at most one row per view
+    with adaptive(project.spark, not small):  # (a small change's one-partition plan: ivm.spark.adaptive)
+        rows = union_all(checks).collect()  # at most one row per view
     return {r["view"]: f"tuple {r['row']} would have count {r[COUNT_COLUMN]}" for r in rows}
 
 
