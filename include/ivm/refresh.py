@@ -773,7 +773,8 @@ def maintain_stage(project: Project, run_id: str, views: list[str] | None = None
     m = _Maintenance(project, p, scratch)
     for work in todo:
         # a small run's incremental maintenance without adaptive execution (ivm.spark.adaptive); a full
-        # recompute keeps it
+        # recompute keeps it. Decided as the view starts: should its derived deltas outgrow the limit (a
+        # fan-out), the rest of the view runs the distributed plan without it, as planned statically
         with adaptive(project.spark, not (work.mode == "incremental" and m.states.small)):
             m.maintain(work, progress)  # (what it wrote is visible to the views above it through m already)
         work.maintained = True

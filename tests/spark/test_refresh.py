@@ -218,3 +218,39 @@ def test_refresh_with_a_postgresql_catalog(make_project, catalog_url, tmp_path):
     assert project.refresh().status == "succeeded"
     assert contents(project, "acct") == Counter()
     assert project.catalog.engine.dialect.name == catalog_url.split(":")[0].split("+")[0]
+
+
+@pytest.mark.parametrize("limit", [250_000, 0])
+def test_a_small_run_plans_without_adaptive_execution(make_project, tmp_path, monkeypatch, limit):
+    """The writes of a small run's trims and incremental maintenance run with Spark's adaptive execution
+    off, a full recompute's with it on (ivm.spark.adaptive); a project that plans every run distributed
+    (``single_partition_rows: 0``) keeps it throughout; and the session's setting is back after every
+    refresh, a refused one too."""
+    from ivm.storage import Warehouse
+
+    p = make_project(TABLES, spark={"single_partition_rows": limit},
+                     views={"total": {"sql": "SELECT owner, sum(balance) AS b FROM acct GROUP BY owner"}})
+    p.load("acct", changes(tmp_path / "acct.jsonl", [{"id": 1, "owner": "ann", "balance": 10}]))
+    p.refresh()
+    conf = p.spark.conf
+    assert conf.get("spark.sql.adaptive.enabled") == "true"
+    writes = []
+    write_layer = Warehouse.write_layer
+
+    def spy(self, df, relation, kind, *args, **kwargs):
+        writes.append((relation, kind, conf.get("spark.sql.adaptive.enabled")))
+        return write_layer(self, df, relation, kind, *args, **kwargs)
+
+    monkeypatch.setattr(Warehouse, "write_layer", spy)
+    small = "false" if limit else "true"
+    p.append("acct", changes(tmp_path / "c1.jsonl", [{"id": 2, "owner": "bob", "balance": 5, "_change_type": "insert"}]))
+    p.refresh(mode="incremental")
+    assert writes == [("acct", "delta", small), ("total__agg0_0", "delta", small), ("total", "delta", small)]
+    writes.clear()
+    p.append("acct", changes(tmp_path / "c2.jsonl", [{"id": 3, "owner": "cy", "balance": 1, "_change_type": "insert"}]))
+    p.refresh(mode="full")
+    assert writes[0] == ("acct", "delta", small) and {w[1:] for w in writes[1:]} == {("base", "true")}, writes
+    p.append("acct", changes(tmp_path / "c3.jsonl", [{"id": 9, "owner": "x", "balance": 1, "_change_type": "delete"}]))
+    with pytest.raises(ChangeDataError):
+        p.refresh()
+    assert conf.get("spark.sql.adaptive.enabled") == "true"
