@@ -1,4 +1,5 @@
-"""Starting Spark for in-process use (`ivm` commands, the demo, tests), and measuring what its jobs did.
+"""Starting Spark for in-process use (`ivm` commands, the demo, tests), measuring what its jobs did, and
+switching adaptive execution off around a small run's work (`adaptive`).
 
 spark-submit jobs get their session from spark-submit's configuration instead; both end up in
 `session()`, which reuses an active session when there is one.
@@ -86,8 +87,9 @@ def adaptive(spark, enabled: bool) -> Iterator[None]:
     coalesce, no skew, their joins broadcast by hint. What it costs them is latency: it runs a plan as
     a chain of query stages, submitted one after the other, and re-optimizes the rest of the plan
     between them (0.1-0.25 s per stage on a 2-core machine). The trim and the incremental maintenance
-    of a small run turn it off; full recomputes and large changes keep it (A/B in one process, Q1 at
-    SF 1, Δ 0.1%, alternate refreshes: median 3.92 s off against 4.37 s on; Q3 about even).
+    of a small run turn it off; full recomputes and large changes keep it (A/B in one process at SF 1,
+    Δ 0.1%, alternate refreshes, medians: Q1 3.92 s against 4.37 s with it on, Q3 5.47 against 5.92;
+    at SF 10, Q3 at Δ 0.1% about even, its joins with the large tables dominating).
     The setting is the session's: callers switch it around work that does not run beside other work."""
     before = spark.conf.get(ADAPTIVE)
     spark.conf.set(ADAPTIVE, "true" if enabled else "false")
