@@ -575,19 +575,21 @@ def trim_stage(project: Project, run_id: str, progress: Progress = lambda _: Non
     a handful of small jobs and driver-side planning, which alone leave the executors idle. The first
     failure in plan order is raised once every trim has ended; nothing is recorded then."""
     p, _ = load_plan(project, run_id)
-    limit = project.config.spark.single_partition_rows
     if p.replay:
         done = [replay_delta(project, p, item) for item in p.tables]
-    elif len(p.tables) == 1:  # nothing to overlap with
-        with adaptive(project.spark, not small_change(p.tables[0].log_rows, limit)):
-            done = [trim_table(project, run_id, p.tables[0])()]
     else:
-        runs = [inheritable_thread_target(project.spark)(trim_table(project, run_id, item)) for item in p.tables]
-        # (one setting for the trims running side by side: off only when every one is a small change's)
-        with adaptive(project.spark, not all(small_change(t.log_rows, limit) for t in p.tables)), \
-                ThreadPoolExecutor(max_workers=TRIM_THREADS, thread_name_prefix="ivm-trim") as pool:
-            futures = [pool.submit(run) for run in runs]
-        done = [f.result() for f in futures]  # (leaving the pool waited for every trim)
+        limit = project.config.spark.single_partition_rows
+        # without adaptive execution when every log range is a small change's (ivm.spark.adaptive; one
+        # setting of the session for the trims running side by side)
+        with adaptive(project.spark, not all(small_change(t.log_rows, limit) for t in p.tables)):
+            if len(p.tables) == 1:  # nothing to overlap with
+                done = [trim_table(project, run_id, p.tables[0])()]
+            else:
+                runs = [inheritable_thread_target(project.spark)(trim_table(project, run_id, item))
+                        for item in p.tables]
+                with ThreadPoolExecutor(max_workers=TRIM_THREADS, thread_name_prefix="ivm-trim") as pool:
+                    futures = [pool.submit(run) for run in runs]
+                done = [f.result() for f in futures]  # (leaving the pool waited for every trim)
     for item in done:
         project.catalog.save_stage(run_id, StageRecord(
             "trim", item.table, mode="incremental", rows_in=item.log_rows, delta_rows=item.delta_rows,
