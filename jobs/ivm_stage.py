@@ -3,7 +3,8 @@
     spark-submit jobs/ivm_stage.py STAGE --run-id ID [--project ivm.yaml] [--views a,b] [--mode auto] [--kind refresh]
                                  [--from-version N] [--sample N]
 
-Spark comes from spark-submit (master, conf); the stage itself is ivm.orchestration.stages.run_stage.
+Spark comes from spark-submit (master, conf) and starts when the stage first needs it (plan, publish and
+report never do); the stage itself is ivm.orchestration.stages.run_stage.
 Exit code 0 on success, the error's code with a one-line reason otherwise.
 """
 
@@ -12,7 +13,9 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import time
 
+from ivm.cli import configure_logging
 from ivm.errors import IvmError
 from ivm.orchestration.stages import STAGES, run_stage
 from ivm.refresh import MODES
@@ -29,16 +32,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--from-version", default="", help="plan a replay from this commit version (empty: none)")
     ap.add_argument("--sample", default="", help="validate: keys per view to recompute (empty: each view's own)")
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(logging.INFO)
 
     from pyspark.sql import SparkSession
 
     from ivm.project import Project
     from ivm.spark import ship_package
 
-    spark = SparkSession.builder.appName(f"ivm-{args.stage}").getOrCreate()  # spark-submit's master and conf
-    ship_package(spark)
-    project = Project.open(args.project)
+    def start_spark() -> SparkSession:
+        """spark-submit's master and conf. Started when the stage first needs Spark: plan, publish,
+        report (and compact with nothing to compact) read and write the catalog alone, and take no
+        executors from the cluster."""
+        started = time.perf_counter()
+        spark = SparkSession.builder.appName(f"ivm-{args.stage}").getOrCreate()
+        ship_package(spark)
+        logging.getLogger("ivm.stage").info("spark: started on %s (%.2f s)", spark.sparkContext.master,
+                                            time.perf_counter() - started)
+        return spark
+
+    project = Project.open(args.project, start_spark=start_spark)
     try:
         run_stage(project, args.stage, args.run_id, [v for v in args.views.split(",") if v], args.mode, args.kind,
                   int(args.from_version) if args.from_version.strip() else None,

@@ -244,12 +244,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: libraries whose INFO lines say nothing to a user (py4j's connections, Alembic's migration context,
+#: Great Expectations' ~200 lines of its own registrations per validation)
+NOISY_LOGGERS = ("py4j", "alembic", "great_expectations")
+
+
+def configure_logging(level: int) -> None:
+    """ivm's log lines at ``level`` on stderr (the CLI's, a stage job's task log), the noisy libraries'
+    at WARNING."""
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    for noisy in NOISY_LOGGERS:
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    for noisy in ("py4j", "alembic"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    configure_logging(logging.INFO if args.verbose else logging.WARNING)
     started = time.perf_counter()
     try:
         code = args.func(args)

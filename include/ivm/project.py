@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable
 from datetime import timedelta
 from functools import cached_property
 
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from ivm import compaction, explain, gc, refresh
@@ -37,20 +37,24 @@ Progress = Callable[[str], None]
 class Project:
     """A project file, its catalog and its warehouse. Spark starts on first use."""
 
-    def __init__(self, config: ProjectConfig, catalog: Catalog | None = None):
+    def __init__(self, config: ProjectConfig, catalog: Catalog | None = None,
+                 start_spark: Callable[[], SparkSession] | None = None):
         self.config = config
         self.catalog = catalog or Catalog.open(config.catalog_url)
         self.warehouse = Warehouse(config.warehouse_uri)
         self.warehouse.ensure()
+        self._start_spark = start_spark
 
     @classmethod
-    def open(cls, path: str | None = None) -> Project:
-        """Open the project at ``path`` (else $IVM_PROJECT, else ./ivm.yaml)."""
-        return cls(load_project(path))
+    def open(cls, path: str | None = None, start_spark: Callable[[], SparkSession] | None = None) -> Project:
+        """Open the project at ``path`` (else $IVM_PROJECT, else ./ivm.yaml). Spark starts when first
+        needed: by ``start_spark`` if given (a spark-submit job: its master and conf), else from the
+        project's ``spark:`` settings (`ivm.spark.session`)."""
+        return cls(load_project(path), start_spark=start_spark)
 
     @cached_property
-    def spark(self):
-        spark = session(self.config.spark)
+    def spark(self) -> SparkSession:
+        spark = self._start_spark() if self._start_spark is not None else session(self.config.spark)
         register_aggregates(spark, self.config.aggregates)
         return spark
 
@@ -100,7 +104,7 @@ class Project:
         program, strata = self.program
         if self.config.views.get(view) and self.config.views[view].strategy in strategy.COUNT_FREE:
             return [view]  # key-based and reducing maintenance store the view alone, without counts
-        return counting.stored_relations(program, strata, self.groupby_states, view)
+        return counting.stored_relations(program, strata, view)
 
     def choose_strategy(self, view: str, changed: dict[str, float] | None = None,
                         current: str | None = None) -> strategy.Choice:
@@ -147,6 +151,7 @@ class Project:
         """A relation's columns and Spark types; a view's come from its plan over empty tables
         (Spark analyses the plan, no job runs)."""
         if relation in self.config.tables:
+            _ = self.spark  # (Spark parses the types: started if a stage had not needed it yet)
             return table_schema(self.config.tables[relation])
         if relation in self.config.views or relation in self.program[0].predicates:
             plan = self._plans_over_empty_tables.relation(relation)

@@ -19,6 +19,7 @@ from ivm.errors import CatalogError, RunError
 from ivm.maintain.counting import Counting
 from ivm.orchestration.stages import run_id_for, run_stage
 from ivm.refresh import load_plan
+from ivm.spark import session
 from tests.dags.test_dag_run import assert_views_recomputed
 from tests.spark.test_cream import lines
 
@@ -45,9 +46,16 @@ def setup(make_project, tmp_path):
     return p, path
 
 
-def stage(path: str, name: str, run_id: str, **kwargs):
-    """One stage as its own task would run it: a fresh Project on the same files."""
-    p = Project.open(path)
+def stage(path: str, name: str, run_id: str, started: list[str] | None = None, **kwargs):
+    """One stage as its own task would run it: a fresh Project on the same files; ``started`` collects
+    the stages that started Spark (jobs/ivm_stage.py starts it on first use, as here)."""
+
+    def start_spark():
+        if started is not None:
+            started.append(name)
+        return session()  # (the test session)
+
+    p = Project.open(path, start_spark=start_spark)
     try:
         return run_stage(p, name, run_id, **kwargs)
     finally:
@@ -58,15 +66,18 @@ def test_stages_one_by_one_match_in_process_refresh(setup):
     p, path = setup
     run_id = run_id_for("ivm_refresh", "manual__2026-11-26T08:00:00+00:00")
     assert len(run_id) <= 64 and run_id == run_id_for("ivm_refresh", "manual__2026-11-26T08:00:00+00:00")
-    stage(path, "plan", run_id)
-    stage(path, "trim", run_id)
-    stage(path, "maintain", run_id, views=["per_k", "joined"])  # stratum by stratum, as the DAG maps them
+    started: list[str] = []
+    stage(path, "plan", run_id, started)
+    stage(path, "trim", run_id, started)
+    stage(path, "maintain", run_id, started, views=["per_k", "joined"])  # stratum by stratum, as the DAG maps them
     with pytest.raises(RunError, match="has not been staged yet"):
-        stage(path, "publish", run_id)  # big is not maintained: nothing may be published
-    stage(path, "maintain", run_id, views=["big"])
+        stage(path, "publish", run_id, started)  # big is not maintained: nothing may be published
+    stage(path, "maintain", run_id, started, views=["big"])
     for name in ["validate", "publish", "compact"]:
-        stage(path, name, run_id)
-    result = stage(path, "report", run_id)
+        stage(path, name, run_id, started)
+    result = stage(path, "report", run_id, started)
+    # the stages that only read and write the catalog start no Spark application (no executors taken)
+    assert started == ["trim", "maintain", "maintain", "validate"]
     assert result.status == "succeeded" and {v.view: v.mode for v in result.views} == dict.fromkeys(VIEWS, "incremental")
     assert zset(p, "t") == Counter({("a", 1): 1, ("a", 2): 1, ("a", 5): 1, ("b", 3): 2})
     assert_views_recomputed(p)

@@ -49,7 +49,7 @@ from ivm.ir import Atom, BodyItem, GroupBy, Literal, Program, SetOf, Var, Wildca
 from ivm.maintain import cream, nested, references
 from ivm.maintain.delta_rules import DELTA, NEW, OLD, DeltaRule, delta_rules
 from ivm.maintain.dred import DRed, RuleChange
-from ivm.maintain.groupby import GroupByState
+from ivm.maintain.groupby import GroupByState, distinct_args, distinct_name
 from ivm.maintain.recompute import Evaluator, as_used, connected, join_order
 from ivm.storage import Scratch
 from ivm.stratify import Component, Strata
@@ -113,16 +113,17 @@ def groupby_states(program: Program, empty: Evaluator) -> dict[str, GroupByState
     return states
 
 
-def stored_relations(program: Program, strata: Strata, states: dict[str, GroupByState], view: str) -> list[str]:
+def stored_relations(program: Program, strata: Strata, view: str) -> list[str]:
     """Every relation maintaining ``view`` stores: its predicates (not the ephemeral ones), GROUPBY
-    states, distinct-value counts."""
+    states, distinct-value counts. Names only, from the program: no Spark (the plan and publish stages
+    of a DAG run need them and start no Spark application)."""
     out = []
     unstored = ephemeral(program, strata)
     for pred in view_predicates(program, strata, view):
         if pred not in unstored:
             out.append(pred)
-        for name, _, _ in groupby_subgoals(program, pred):
-            out += [name, *(states[name].distinct_name(v) for v in states[name].distinct_args())]
+        for name, _, g in groupby_subgoals(program, pred):
+            out += [name, *(distinct_name(name, v) for v in distinct_args(g))]
     return out
 
 

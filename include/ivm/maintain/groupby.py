@@ -92,6 +92,16 @@ def describe(a: Aggregate) -> str:
     return f"{a.call()}: {how}"
 
 
+def distinct_args(g: GroupBy) -> list[str]:
+    """The argument variables of ``g`` that need a distinct-value relation."""
+    return sorted({next(iter(a.arg.variables())) for a in g.aggregates if kind(a) == "distinct"})
+
+
+def distinct_name(state: str, var: str) -> str:
+    """The distinct-value relation of ``var`` beside the state relation ``state``."""
+    return f"{state}__d_{var}"
+
+
 @dataclass
 class GroupByState:
     """The state relation of one GROUPBY subgoal (see the module docstring)."""
@@ -123,11 +133,10 @@ class GroupByState:
         return F.expr(str(a.arg))
 
     def distinct_args(self) -> list[str]:
-        """The argument variables that need a distinct-value relation."""
-        return sorted({next(iter(a.arg.variables())) for a in self.aggregates if kind(a) == "distinct"})
+        return distinct_args(self.subgoal)
 
     def distinct_name(self, var: str) -> str:
-        return f"{self.name}__d_{var}"
+        return distinct_name(self.name, var)
 
     def distinct_rows(self, rows: DataFrame, var: str) -> DataFrame:
         """The (group, value) counts of ``var``'s non-NULL values behind a DISTINCT aggregate."""

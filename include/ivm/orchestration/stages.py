@@ -19,6 +19,10 @@ from ivm.project import Project
 log = logging.getLogger(__name__)
 
 STAGES = ("plan", "trim", "maintain", "validate", "publish", "compact", "report")
+#: the stages whose work is Spark's: Spark starts before them. The others read and write the catalog and
+#: start Spark only if they come to need it (`Project.spark`; compact with something to compact, a
+#: replay's plan); a spark-submit of theirs takes no executors from the cluster otherwise
+SPARK_STAGES = ("trim", "maintain", "validate")
 
 
 def run_id_for(dag_id: str, airflow_run_id: str) -> str:
@@ -40,6 +44,8 @@ def run_stage(project: Project, stage: str, run_id: str, views: list[str] | None
     say = log.info
     say("ivm %s: run %s%s", stage, run_id, f", views {', '.join(views)}" if views else "")
     try:
+        if stage in SPARK_STAGES:
+            _ = project.spark
         if stage == "plan":
             p = refresh.plan(project, views or None, mode, run_id, from_version)
             refresh.begin(project, p, kind)
