@@ -20,8 +20,8 @@ log = logging.getLogger(__name__)
 
 STAGES = ("plan", "trim", "maintain", "validate", "publish", "compact", "report")
 #: the stages whose work is Spark's: Spark starts before them. The others read and write the catalog and
-#: start Spark only if they come to need it (`Project.spark`; compact with something to compact, a
-#: replay's plan); a spark-submit of theirs takes no executors from the cluster otherwise
+#: start Spark only if they come to need it (`Project.spark`: compact with something to compact); a
+#: spark-submit of theirs takes no executors from the cluster otherwise
 SPARK_STAGES = ("trim", "maintain", "validate")
 
 
