@@ -1,8 +1,9 @@
 """Starting Spark for in-process use (`ivm` commands, the demo, tests), measuring what its jobs did, and
 switching adaptive execution off around a small run's work (`adaptive`).
 
-spark-submit jobs get their session from spark-submit's configuration instead; both end up in
-`session()`, which reuses an active session when there is one.
+spark-submit jobs build their session from spark-submit's configuration instead, when the stage first
+needs it (jobs/ivm_stage.py hands `Project.open` a ``start_spark``); `session()` reuses an active session
+when there is one.
 """
 
 from __future__ import annotations
