@@ -164,10 +164,14 @@ def cmd_gc(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # --project and -v go before the command or after it: each (sub)parser sets them only when given
+    # (SUPPRESS), so a subcommand's default cannot overwrite `ivm --project X compact`'s X; `parse_args`
+    # fills in the defaults
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--project", metavar="PATH",
+    common.add_argument("--project", metavar="PATH", default=argparse.SUPPRESS,
                         help="project file (default: $IVM_PROJECT, else ./ivm.yaml)")
-    common.add_argument("-v", "--verbose", action="store_true", help="log progress details and tracebacks")
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                        help="log progress details and tracebacks")
     parser = argparse.ArgumentParser(prog="ivm", parents=[common],
                                      description="Incremental view maintenance for Apache Spark.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -257,8 +261,15 @@ def configure_logging(level: int) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line, with ``--project`` (None: $IVM_PROJECT, else ./ivm.yaml) and ``verbose`` set."""
     args = build_parser().parse_args(argv)
+    args.project, args.verbose = getattr(args, "project", None), getattr(args, "verbose", False)
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
     configure_logging(logging.INFO if args.verbose else logging.WARNING)
     started = time.perf_counter()
     try:

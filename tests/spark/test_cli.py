@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ivm.cli import main
+from ivm.cli import main, parse_args
 from tests.conftest import write_project
 
 TABLES = {"link": {"columns": {"src": "string", "dst": "string"}, "key": ["src", "dst"]}}
@@ -64,6 +64,22 @@ def test_errors_are_one_line_with_an_exit_code(capsys, project_file, tmp_path, a
     got, out, err = run(capsys, *argv, "--project", project_file)
     assert got == code
     assert err.startswith(message.replace("{bad}", str(bad))) and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("argv", [["--project", "p.yaml", "-v", "compact", "q3"], ["compact", "q3", "--project", "p.yaml", "-v"],
+                                  ["-v", "compact", "--project", "p.yaml", "q3"]])
+def test_global_options_go_before_or_after_the_command(argv):
+    args = parse_args(argv)
+    assert (args.command, args.relations, args.project, args.verbose) == ("compact", ["q3"], "p.yaml", True)
+    args = parse_args(["compact"])
+    assert (args.project, args.verbose) == (None, False)
+
+
+def test_a_project_named_before_the_command_is_used(capsys, project_file, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no ./ivm.yaml and no IVM_PROJECT: only the named project can be found
+    monkeypatch.delenv("IVM_PROJECT", raising=False)
+    assert run(capsys, "--project", project_file, "apply")[:2] == (0, f"created table link\ncatalog: sqlite:///"
+                                                                     f"{tmp_path}/proj/warehouse/catalog.db\n")
 
 
 def test_missing_project_file(capsys, tmp_path, monkeypatch):
