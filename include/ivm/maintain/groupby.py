@@ -203,25 +203,49 @@ class GroupByState:
         else:
             old = restrict(old_state, groups, by, small)
         old = consolidate(old).where(F.col(C) > 0).drop(C)
-        p = partial.select(*[F.col(_q(c)).alias(c if c in by else f"p__{c}") for c in partial.columns])
-        o = old.select(*[F.col(_q(c)).alias(f"o__{c}") for c in old.columns])
-        joined = (p.join(o, reduce(lambda x, y: x & y, [p[_q(b)].eqNullSafe(o[_q(f"o__{b}")]) for b in by]), "left")
-                  if by else p.join(o, F.lit(True), "left"))
-        merged = joined.select(*[F.col(_q(b)) for b in by], *self._merge(schema),
+        paired = self._pair(partial, old, small)
+        merged = paired.select(*[F.col(_q(b)) for b in by], *self._merge(schema),
                                *[F.col(_q(f"o__{a.var.name}")).alias(a.var.name) for a in self.aggregates
                                  if kind(a) == "recompute"],  # replaced: the group is recomputed
-                               self._must_recompute().alias("__recompute"))
+                               self._must_recompute().alias("__recompute"),
+                               *[F.col(_q(f"o__{f.name}")) for f in schema.fields if f.name not in by])
         merged = merged.select("*", *[self._value(a).alias(a.var.name) for a in self.aggregates
                                       if kind(a) != "recompute"])
-        keep = [F.col(_q(f.name)) for f in schema.fields]
-        incremental = merged.where(~F.col("__recompute")).select(*keep)
-        flagged = merged.where(F.col("__recompute"))
-        new = incremental if self.self_maintainable(self.subgoal) else \
-            incremental.unionByName(self._recomputed(flagged, new_rows).select(*keep))  # (U is read only here)
-        if by:  # a group with no rows left is gone; the global aggregate keeps its row (SQL)
-            new = new.where(F.col(ROWS) > 0)
-        return consolidate(new.withColumn(C, F.lit(1).cast("long"))
-                           .unionByName(old.select(*keep).withColumn(C, F.lit(-1).cast("long"))))
+        names = [f.name for f in schema.fields]
+        # per group, its new tuple (+1; unless recomputed below) and its old one (-1; unless it is new), as
+        # two rows of one pass over the pairs (the -1 rows were a second subplan over the old state)
+        new_row = F.when(~F.col("__recompute") & ((F.col(ROWS) > 0) if by else F.lit(True)),  # an emptied
+                         F.struct(*[F.col(_q(n)) for n in names], F.lit(1).cast("long").alias(C)))  # group is gone
+        old_row = F.when(F.col(_q(f"o__{ROWS}")).isNotNull(), F.struct(
+            *[F.col(_q(n if n in by else f"o__{n}")).alias(n) for n in names], F.lit(-1).cast("long").alias(C)))
+        rows = merged.select(F.explode(F.array(new_row, old_row)).alias("__t")).where(F.col("__t").isNotNull()) \
+            .select("__t.*")
+        if not self.self_maintainable(self.subgoal):  # the flagged groups' new state, from Uᵛ (U is read only here)
+            recomputed = self._recomputed(merged.where(F.col("__recompute")), new_rows)
+            if by:
+                recomputed = recomputed.where(F.col(ROWS) > 0)
+            rows = rows.unionByName(recomputed.select(*[F.col(_q(n)) for n in names])
+                                    .withColumn(C, F.lit(1).cast("long")))
+            rows = one_partition(rows) if small else rows
+        return consolidate(rows)
+
+    def _pair(self, partial: DataFrame, old: DataFrame, small: bool) -> DataFrame:
+        """Algorithm 6.1's pairing of each touched group's Δ(U) (``partial``, one row per group: its
+        columns as ``p__*``) with its old tuple T_ȳ (``old``, at most one row per group, all among the
+        partial's: its columns as ``o__*``, NULL for a new group). An aggregate over the union of the
+        two, where a join would broadcast or shuffle one side to the other: in a small change's one
+        partition it needs no exchange, so the state write is one wave of Spark jobs shorter."""
+        by = self.by
+        keys = [F.col(_q(b)) for b in by]
+        p = partial.select(*keys, F.struct(*[F.col(_q(c)).alias(f"p__{c}") for c in partial.columns
+                                             if c not in by]).alias("__p"))
+        o = old.select(*keys, F.struct(*[F.col(_q(c)).alias(f"o__{c}") for c in old.columns]).alias("__o"))
+        both = p.unionByName(o, allowMissingColumns=True)
+        both = one_partition(both) if small else both
+        # (each side holds one row per group: `first` ignoring NULLs picks it; GROUP BY puts NULL keys in
+        # one group, as the null-safe join did)
+        pick = [F.first("__p", ignorenulls=True).alias("__p"), F.first("__o", ignorenulls=True).alias("__o")]
+        return (both.groupBy(*keys).agg(*pick) if by else both.agg(*pick)).select(*keys, "__p.*", "__o.*")
 
     def _recomputed(self, flagged: DataFrame, new_rows: Callable[[DataFrame], DataFrame]) -> DataFrame:
         """The new state of the flagged groups, from Uᵛ's rows."""
