@@ -284,6 +284,8 @@ class Counting:
                 log.info("%s: counts changed but not the set; nothing propagates upward (statement (2))", pred)
                 return
             delta = self.states.read(pred, [path])
+            if self.states.small:  # read back into one partition, as `RunStates.delta` reads a small run's
+                delta = one_partition(delta)
         self.used_delta[pred] = delta
 
     def set_changes(self, pred: str) -> bool:
@@ -511,8 +513,10 @@ class Counting:
         rule = self.program.rules_for(pred)[r] if isinstance(r, int) else None
         if rule is not None and cream.case1(self.program, rule, s):
             def old_sets(groups: DataFrame | None) -> DataFrame:  # Case 1: v holds the sets itself
-                sets = consolidate(self.ev.atom(rule.head, self.states.old(pred))).where(F.col(C) > 0)
-                return sets if groups is None else restrict(sets, groups, group, self.states.small)
+                sets = self.ev.atom(rule.head, self.states.old(pred))
+                if groups is not None:  # the touched groups' tuples, consolidated (not all of the view)
+                    sets = restrict(sets, groups, group, self.states.small)
+                return consolidate(sets).where(F.col(C) > 0)
         else:
             def old_sets(groups: DataFrame | None) -> DataFrame:  # W' of the touched groups, from v_a
                 return self.ev.setof(s, self.source(s.atom, OLD, groups, group))
