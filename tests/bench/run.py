@@ -2,7 +2,7 @@
 issue). Not a test: figures are measured and reported, never asserted.
 
     .venv/bin/python tests/bench/run.py [--sf 0.1] [--deltas 0.0001,0.001,0.01,0.1] [--edges 10000]
-                                        [--views q1,q3,q5,reach,nations@reduce,...] [--out tests/bench/results]
+                                        [--views q1,q3,q5,reach,cust_dates,nations@reduce,...] [--out tests/bench/results]
 
 (`make bench` runs it at SF 0.1.) For each view a project of its own holds the tables it reads (so a
 refresh of one view never costs another's), loaded from TPC-H (``tpchgen-cli``) or the generated
@@ -41,6 +41,7 @@ sys.path.insert(0, str(REPO / "tests" / "bench"))
 from workloads import (  # noqa: E402
     CLOSURE_TABLES,
     CLOSURE_VIEWS,
+    CREAM_VIEWS,
     PROJECTION_VIEWS,
     TPCH_TABLES,
     TPCH_VIEWS,
@@ -92,8 +93,9 @@ def project_for(view: str, root: Path, sf: float, edges: int):
     tables = {name: {**spec, "references": {c: target for c, target in spec.get("references", {}).items()
                                             if target.split(".")[0] in tables}} for name, spec in tables.items()}
     name, _, strategy = view.partition("@")  # e.g. nations@reduce: the view under one strategy
-    sql = CLOSURE_VIEWS[view] if closure else {**TPCH_VIEWS, **PROJECTION_VIEWS}[name]
-    spec = {"sql": sql, "validate": {"sample": 0}, **({"strategy": strategy} if strategy else {})}
+    definition = CLOSURE_VIEWS[view] if closure else {**TPCH_VIEWS, **PROJECTION_VIEWS, **CREAM_VIEWS}[name]
+    spec = {**(definition if isinstance(definition, dict) else {"sql": definition}), "validate": {"sample": 0},
+            **({"strategy": strategy} if strategy else {})}
     folder = root / f"project-{view.replace('@', '-')}"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "ivm.yaml").write_text(yaml.safe_dump({
@@ -298,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--driver-memory", default=DRIVER_MEMORY, help="spark.driver.memory of the local session")
     ap.add_argument("--no-auto", dest="auto", action="store_false",
                     help="skip the --mode auto refresh after each Δ's incremental and full ones")
-    ap.add_argument("--views", default="q1,q3,q5,reach,nations@counting,nations@reduce,order_nations@counting,order_nations@reduce", type=lambda s: s.split(","))
+    ap.add_argument("--views", default="q1,q3,q5,reach,cust_dates,supp_median,nations@counting,nations@reduce,order_nations@counting,order_nations@reduce", type=lambda s: s.split(","))
     ap.add_argument("--work", default=str(REPO / ".bench"), help="data, projects and warehouses (reused data)")
     ap.add_argument("--out", default=str(REPO / "tests" / "bench" / "results"))
     args = ap.parse_args(argv)

@@ -63,6 +63,20 @@ JOIN supplier s ON l.l_suppkey = s.s_suppkey""",
 FROM orders o JOIN lineitem l ON l.l_orderkey = o.o_orderkey JOIN supplier s ON l.l_suppkey = s.s_suppkey""",
 }
 
+#: views CReaM (001) maintains: ``cust_dates`` — each customer's set of order dates, a Datalog ``setof``
+#: over their projection (a setof's free variables group it, as in Prolog: over ``orders(O, C, D, P)``
+#: each order would be a group of its own), maintained with 001 §3's Δ1-Δ6 over the auxiliary view
+#: (the sets stored one element per row); ``supp_median`` —
+#: a non-distributive aggregate over one table (001 §5: self-maintainable, the touched groups recomputed
+#: from the stored multiset of their arguments, the table never read). Definitions as the project file
+#: takes them.
+CREAM_VIEWS = {
+    "cust_dates": {"datalog": "cust_date(C, D) :- orders(O, C, D, P).\n"
+                              "cust_dates(C, S) :- setof(D, cust_date(C, D), S)."},
+    "supp_median": {"sql": "SELECT l_suppkey, median(l_extendedprice) AS med_price, count(*) AS items "
+                           "FROM lineitem GROUP BY l_suppkey"},
+}
+
 CLOSURE_TABLES = {"edge": {"columns": {"src": "bigint", "dst": "bigint"}, "key": ["src", "dst"]}}
 CLOSURE_VIEWS = {"reach": """WITH RECURSIVE r(src, dst) AS (
   SELECT src, dst FROM edge UNION SELECT r.src, e.dst FROM r JOIN edge e ON r.dst = e.src)
@@ -73,7 +87,8 @@ def tables_read(view: str) -> list[str]:
     return {"q1": ["lineitem"], "q3": ["customer", "orders", "lineitem"],
             "q5": ["customer", "orders", "lineitem", "supplier", "nation", "region"], "reach": ["edge"],
             "nations": ["customer", "orders", "lineitem", "supplier"],
-            "order_nations": ["orders", "lineitem", "supplier"]}[view.split("@")[0]]
+            "order_nations": ["orders", "lineitem", "supplier"], "cust_dates": ["orders"],
+            "supp_median": ["lineitem"]}[view.split("@")[0]]
 
 
 def tpch(sf: float, root: Path) -> Path:
