@@ -65,9 +65,9 @@ FROM orders o JOIN lineitem l ON l.l_orderkey = o.o_orderkey JOIN supplier s ON 
 
 #: views CReaM (001) maintains: ``cust_dates`` — each customer's set of order dates, a Datalog ``setof``
 #: over their projection (a setof's free variables group it, as in Prolog: over ``orders(O, C, D, P)``
-#: each order would be a group of its own), maintained with 001 §3's Δ1-Δ6 over the auxiliary view
-#: (the sets stored one element per row); ``supp_median`` —
-#: a non-distributive aggregate over one table (001 §5: self-maintainable, the touched groups recomputed
+#: each order would be a group of its own), maintained with 001 §3's Δ1-Δ6 (Case 1: the view holds
+#: every outer variable, so its stored sets are its own auxiliary view); ``supp_median`` — a
+#: non-distributive aggregate over one table (001 §5: self-maintainable, the touched groups recomputed
 #: from the stored multiset of their arguments, the table never read). Definitions as the project file
 #: takes them.
 CREAM_VIEWS = {
