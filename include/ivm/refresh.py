@@ -46,7 +46,7 @@ from ivm.maintain.recompute import Evaluator, as_used
 from ivm.maintain.strategy import stored_form
 from ivm.spark import adaptive
 from ivm.storage import Scratch, WrittenLayer, new_id
-from ivm.zset import consolidate, small_change
+from ivm.zset import KeyBounds, consolidate, small_change
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -441,13 +441,18 @@ def trim_table(project: Project, run_id: str, item: TableDelta) -> Callable[[], 
     item.log_rows = sum(s.rows for s in segments)
     layers = project.catalog.state(name).layers
     schema, spark = project.schema(name), project.spark
+    # where the range's keys fall, as its segments recorded when they were appended (all of them, or
+    # the trim finds them from the log with a query)
+    known = [s.key_bounds for s in segments]
+    bounds = KeyBounds.merged([KeyBounds.from_json(b) for b in known]) if known and None not in known else None
 
     def run() -> TableDelta:
         changes = read_log(spark, table, segments, item.from_version, item.to_version)
         current = project.warehouse.read_layers(spark, [x.path for x in layers], schema)
         net = trim(name, table, changes, current, sum(x.rows or 0 for x in layers),
                    update_images=has_update_images(project.warehouse, segments),
-                   small=item.log_rows > 0 and small_change(item.log_rows, project.config.spark.single_partition_rows))
+                   small=item.log_rows > 0 and small_change(item.log_rows, project.config.spark.single_partition_rows),
+                   bounds=bounds)
         layer = project.warehouse.write_layer(net.delta, name, "delta", run_id=run_id)
         try:
             net.check()  # observed while the delta was written

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import decimal
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import reduce
 
 from pyspark.sql import Column, DataFrame, Window
@@ -103,13 +104,59 @@ SKIP_RANGES = 16
 SKIP_MIN_ROWS = 1_000_000
 
 
-def skipping_filter(keys: DataFrame, column: str) -> Column:
-    """A filter on ``column`` the Parquet reader evaluates against row-group and page statistics: the
-    keys' distinct values, sorted, cut into at most SKIP_RANGES ranges at their widest gaps (numbers and
-    dates; other types in equal runs). A relation whose layers are sorted by ``column`` (base layers
-    are sorted by their key) then skips the row groups no key falls in, where a semi-join would read
-    them all; new keys past the largest and deleted old ones are two ranges. A NULL key keeps the NULL
-    rows (restrict's semi-join is null-safe).
+@dataclass(frozen=True)
+class KeyBounds:
+    """Where a change's keys fall in one column: at most SKIP_RANGES (low, high) ranges, sorted and
+    disjoint, and whether a key is NULL. `key_bounds` finds them with one small query; a log segment
+    keeps its own in the catalog (found when it is appended), so a trim merges its segments' bounds
+    (`merged`) instead of querying its keys, the way a table format keeps per-file statistics."""
+
+    ranges: tuple[tuple, ...]
+    nulls: bool = False
+
+    def filter(self, column: str) -> Column:
+        """``column`` within the ranges (or NULL, if a key is): the skipping filter."""
+        c = F.col(f"`{column}`")
+        if not self.ranges:
+            return c.isNull() if self.nulls else F.lit(False)
+        ranges = _between(column, self.ranges)
+        return ranges | c.isNull() if self.nulls else ranges
+
+    def as_json(self) -> dict | None:
+        """The bounds as the catalog keeps them; None for keys cut in equal runs (strings and other
+        types without a distance between them: their ranges cannot be merged at the widest gaps)."""
+        values = [v for r in self.ranges for v in r]
+        if not all(_gapped(v) for v in values):
+            return None
+        kinds = {"date" if isinstance(v, datetime.date) else "decimal" if isinstance(v, decimal.Decimal)
+                 else "number" for v in values}
+        if len(kinds) > 1:
+            return None
+        kind = kinds.pop() if kinds else "number"
+        out = (lambda v: v.isoformat()) if kind == "date" else str if kind == "decimal" else (lambda v: v)
+        return {"type": kind, "ranges": [[out(lo), out(hi)] for lo, hi in self.ranges], "nulls": self.nulls}
+
+    @staticmethod
+    def from_json(d: dict) -> KeyBounds:
+        read = {"date": datetime.date.fromisoformat, "decimal": decimal.Decimal}.get(d["type"], lambda v: v)
+        return KeyBounds(tuple((read(lo), read(hi)) for lo, hi in d["ranges"]), bool(d["nulls"]))
+
+    @staticmethod
+    def merged(parts: Sequence[KeyBounds]) -> KeyBounds:
+        """Bounds holding every key of each part: their ranges joined where they overlap, then cut to
+        SKIP_RANGES at the widest gaps between them (`_cut`)."""
+        joined: list[tuple] = []
+        for lo, hi in sorted(r for p in parts for r in p.ranges):
+            if joined and lo <= joined[-1][1]:
+                joined[-1] = (joined[-1][0], max(joined[-1][1], hi))
+            else:
+                joined.append((lo, hi))
+        return KeyBounds(tuple(_cut(joined)), any(p.nulls for p in parts))
+
+
+def key_bounds(keys: DataFrame, column: str) -> KeyBounds:
+    """The keys' distinct values in ``column``, sorted, cut into at most SKIP_RANGES ranges at their
+    widest gaps (numbers and dates; other types in equal runs), and whether one is NULL.
 
     One small query whatever the number of keys: Spark sorts the distinct keys (a change's, in one
     partition) and hands the driver at most SKIP_RANGES + 2 rows: the lowest and the highest key, the
@@ -133,7 +180,7 @@ def skipping_filter(keys: DataFrame, column: str) -> Column:
         nulls = any(r["k"] is None for r in found)
         lows = [r["k"] for r in found if r["k"] is not None and r["prev"] is None]
         if not lows:
-            return c.isNull() if nulls else F.lit(False)
+            return KeyBounds((), nulls)
         [high] = [r["k"] for r in found if r["k"] is not None and r["next"] is None]
         widest = sorted((r for r in found if r["gap"] is not None), key=lambda r: r["gap"], reverse=True)
         cuts = sorted((r["prev"], r["k"]) for r in widest[:SKIP_RANGES - 1])
@@ -143,8 +190,16 @@ def skipping_filter(keys: DataFrame, column: str) -> Column:
                         .agg(F.min(k).alias("lo"), F.max(k).alias("hi"), F.max(k.isNull()).alias("nulls")).collect())
         nulls = any(r["nulls"] for r in runs)
         bounds = sorted((r["lo"], r["hi"]) for r in runs if r["lo"] is not None)
-    ranges = _between(column, bounds)
-    return ranges | c.isNull() if nulls else ranges
+    return KeyBounds(tuple(bounds), nulls)
+
+
+def skipping_filter(keys: DataFrame, column: str) -> Column:
+    """A filter on ``column`` the Parquet reader evaluates against row-group and page statistics: the
+    ranges of `key_bounds`. A relation whose layers are sorted by ``column`` (base layers are sorted by
+    their key) then skips the row groups no key falls in, where a semi-join would read them all; new
+    keys past the largest and deleted old ones are two ranges. A NULL key keeps the NULL rows
+    (restrict's semi-join is null-safe)."""
+    return key_bounds(keys, column).filter(column)
 
 
 def _gapped(value) -> bool:
@@ -158,21 +213,30 @@ def _between(column: str, bounds: Sequence[tuple]) -> Column:
     return reduce(lambda a, b: a | b, [c.between(F.lit(lo), F.lit(hi)) for lo, hi in bounds], F.lit(False))
 
 
+def _gap(a, b):
+    """The distance from ``a`` up to ``b`` (numbers; dates in days)."""
+    return (b - a).days if isinstance(a, datetime.date) else b - a
+
+
+def _cut(ranges: list[tuple]) -> list[tuple]:
+    """Sorted, disjoint (low, high) ``ranges`` of gapped values joined into at most SKIP_RANGES, cut at
+    the widest gaps between neighbours."""
+    if len(ranges) <= SKIP_RANGES:
+        return ranges
+    widest = sorted(range(1, len(ranges)), key=lambda i: _gap(ranges[i - 1][1], ranges[i][0]), reverse=True)
+    cuts = sorted(widest[:SKIP_RANGES - 1])
+    return [(ranges[a][0], ranges[b - 1][1]) for a, b in zip([0, *cuts], [*cuts, len(ranges)], strict=True)]
+
+
 def key_ranges(values: list, column: str) -> Column:
     """`skipping_filter`'s ranges over sorted, distinct, non-NULL ``values`` the driver holds already
     (none: nothing passes)."""
     if not values:
         return F.lit(False)
-    cuts: list[int]
     if _gapped(values[0]):
-        def gap(a, b):
-            return (b - a).days if isinstance(a, datetime.date) else b - a
-        widest = sorted(range(1, len(values)), key=lambda i: gap(values[i - 1], values[i]), reverse=True)
-        cuts = sorted(widest[:SKIP_RANGES - 1])
-    else:
-        step = max(1, -(-len(values) // SKIP_RANGES))
-        cuts = list(range(step, len(values), step))
-    bounds = [0, *cuts, len(values)]
+        return _between(column, _cut([(v, v) for v in values]))
+    step = max(1, -(-len(values) // SKIP_RANGES))
+    bounds = [0, *range(step, len(values), step), len(values)]
     return _between(column, [(values[a], values[b - 1]) for a, b in zip(bounds, bounds[1:], strict=False)])
 
 

@@ -257,3 +257,32 @@ def test_job_metrics_count_only_their_own_blocks(spark):
     with second.measure("block") as b:
         spark.range(10).collect()
     assert a.jobs >= 2 and b.jobs == a.jobs // 2, (a, b)
+
+
+def test_merged_key_bounds_keep_every_key_and_cut_at_the_widest_gaps(spark, monkeypatch):
+    """Log segments' bounds (ivm.zset.KeyBounds) merged for a trim: overlapping ranges joined, then cut
+    to SKIP_RANGES at the widest gaps between them; a NULL in any part keeps the NULL rows; and the
+    bounds survive the catalog's JSON (numbers, dates, decimals)."""
+    import datetime
+    import decimal
+
+    from ivm import zset
+    from ivm.zset import KeyBounds
+
+    monkeypatch.setattr(zset, "SKIP_RANGES", 2)
+    parts = [zset.key_bounds(spark.createDataFrame([(k,) for k in keys], "k int"), "k")
+             for keys in ([1, 2, 3], [2, 50], [None, 4000])]
+    merged = KeyBounds.merged(parts)
+    assert merged == KeyBounds(((1, 50), (4000, 4000)), nulls=True)
+    rows = spark.createDataFrame([(k,) for k in [None, *range(0, 5000)]], "k int")
+    assert sorted(r.k for r in rows.where(merged.filter("k")).collect() if r.k is not None) == [*range(1, 51), 4000]
+    assert rows.where(merged.filter("k")).where("k IS NULL").count() == 1
+    for bounds in (merged, KeyBounds(((datetime.date(2020, 1, 2), datetime.date(2020, 3, 1)),)),
+                   KeyBounds(((decimal.Decimal("1.50"), decimal.Decimal("7.25")),))):
+        assert KeyBounds.from_json(bounds.as_json()) == bounds
+    assert KeyBounds((("a", "c"),)).as_json() is None  # equal runs of strings: nothing to merge at gaps
+    days = KeyBounds.merged([KeyBounds(((datetime.date(2020, 1, 1), datetime.date(2020, 1, 3)),)),
+                             KeyBounds(((datetime.date(2020, 1, 5), datetime.date(2020, 1, 5)),
+                                        (datetime.date(2021, 1, 1), datetime.date(2021, 1, 1))))])
+    assert days.ranges == ((datetime.date(2020, 1, 1), datetime.date(2020, 1, 5)),
+                           (datetime.date(2021, 1, 1), datetime.date(2021, 1, 1)))

@@ -254,3 +254,40 @@ def test_a_small_run_plans_without_adaptive_execution(make_project, tmp_path, mo
     with pytest.raises(ChangeDataError):
         p.refresh()
     assert conf.get("spark.sql.adaptive.enabled") == "true"
+
+
+def test_segments_keep_their_key_bounds_and_the_trim_merges_them(project, tmp_path, monkeypatch):
+    """A large table's log segments record where their keys fall when they are appended
+    (ivm.changes.ingest.segment_key_bounds); the trim of a range whose segments all have them merges
+    them instead of querying the log (the query is made to fail here), and finds the same stored rows.
+    A segment without them (appended while the table was small) sends the trim back to the query."""
+    from ivm.changes import ingest, trim
+    from ivm.zset import KeyBounds
+
+    monkeypatch.setattr(trim, "SKIP_MIN_ROWS", 1)  # (the two tables hold 2 rows each: "large" here)
+    project.append("acct", changes(tmp_path / "c0.jsonl", [
+        {"id": 1, "owner": "ann", "balance": 10, "_change_type": "delete"}]))
+    assert project.catalog.all_segments()[-1].key_bounds is None  # small at its append
+    monkeypatch.setattr(ingest, "SKIP_MIN_ROWS", 1)
+    project.append("acct", changes(tmp_path / "c1.jsonl", [
+        {"id": 2, "owner": "bob", "balance": None, "_change_type": "update_preimage"},
+        {"id": 2, "owner": "bob", "balance": 7, "_change_type": "update_postimage"},
+        {"id": 40, "owner": "di", "balance": 1, "_change_type": "insert"}]))
+    project.append("event", changes(tmp_path / "e1.jsonl", [
+        {"kind": "a", "n": 1, "_change_type": "delete"}, {"kind": "b", "n": 2, "_change_type": "insert"}]))
+    acct, event = project.catalog.all_segments()[-2:]
+    assert KeyBounds.from_json(acct.key_bounds) == KeyBounds(((2, 2), (40, 40)))
+    assert event.key_bounds is None  # a bag's first column is a string: its keys are cut in equal runs
+    queried = []
+    key_bounds = trim.key_bounds
+    monkeypatch.setattr(trim, "key_bounds", lambda keys, column: queried.append(column) or key_bounds(keys, column))
+    project.refresh()  # acct: a segment without bounds in the range; event: none recorded
+    assert sorted(queried) == ["id", "kind"]
+    assert contents(project, "acct") == Counter({(2, "bob", 7): 1, (40, "di", 1): 1})
+    project.append("acct", changes(tmp_path / "c2.jsonl", [
+        {"id": 40, "owner": "di", "balance": 1, "_change_type": "delete"},
+        {"id": 3, "owner": "cy", "balance": 5, "_change_type": "insert"}]))
+    monkeypatch.setattr(trim, "key_bounds", lambda keys, column: pytest.fail("the trim queried the log's keys"))
+    result = project.refresh()
+    assert {t.table: t.delta_rows for t in result.tables} == {"acct": 2}
+    assert contents(project, "acct") == Counter({(2, "bob", 7): 1, (3, "cy", 5): 1})

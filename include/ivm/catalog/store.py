@@ -99,6 +99,8 @@ class SegmentRef:
     max_commit_version: int
     rows: int
     appended_at: datetime
+    #: where its keys fall (`zset.KeyBounds.as_json`), or None when not known
+    key_bounds: dict | None = None
 
 
 @dataclass
@@ -258,7 +260,7 @@ class Catalog:
             return _segment_ref(seg) if seg else None
 
     def add_segment(self, table: str, path: str, source: str, source_format: str, content_hash: str,
-                    min_version: int, max_version: int, rows: int) -> SegmentRef:
+                    min_version: int, max_version: int, rows: int, key_bounds: dict | None = None) -> SegmentRef:
         """Record an appended segment: the commit point of `ivm log append`.
 
         Commit versions normally come after the log's last one. A late commit (out-of-order delivery,
@@ -289,7 +291,7 @@ class Catalog:
                                      "append a late commit after it ends")
             seg = LogSegment(table_name=table, path=path, source=source, source_format=source_format,
                              content_hash=content_hash, min_commit_version=min_version,
-                             max_commit_version=max_version, rows=rows)
+                             max_commit_version=max_version, rows=rows, key_bounds=key_bounds)
             s.add(seg)
             s.flush()
             return _segment_ref(seg)
@@ -532,7 +534,7 @@ class Catalog:
 
 def _segment_ref(seg: LogSegment) -> SegmentRef:
     return SegmentRef(seg.id, seg.table_name, seg.path, int(seg.min_commit_version),
-                      int(seg.max_commit_version), int(seg.rows), aware(seg.appended_at))
+                      int(seg.max_commit_version), int(seg.rows), aware(seg.appended_at), seg.key_bounds)
 
 
 def _sqlite_pragmas(dbapi_connection, _record) -> None:

@@ -25,7 +25,7 @@ from pyspark.sql import functions as F
 from ivm.changes.reader import SEQ, describe_row
 from ivm.config import CHANGE_TYPE, COMMIT_VERSION, COUNT_COLUMN, TableConfig
 from ivm.errors import ChangeDataError
-from ivm.zset import SKIP_MIN_ROWS, consolidate, one_partition, restrict, row_struct, skipping_filter
+from ivm.zset import SKIP_MIN_ROWS, KeyBounds, consolidate, key_bounds, one_partition, restrict, row_struct
 
 SIGN = "__sign"
 ROW = "__row"
@@ -71,20 +71,30 @@ def _old_events(old: DataFrame, columns: Sequence[str], sign: Column) -> DataFra
                       F.lit(None).cast("string").alias("__pairing"))
 
 
+def skip_column(table: TableConfig) -> str:
+    """The column a large table's trim restricts the stored rows by first: the key's first (a bag's
+    first column); base layers are sorted by it."""
+    return (table.key or list(table.columns))[0]
+
+
 def _stored_at(snapshot: DataFrame, touched: DataFrame, columns: list[str], stored_rows: int,
-               small: bool) -> DataFrame:
+               small: bool, bounds: KeyBounds | None) -> DataFrame:
     """The snapshot's rows at the touched keys (or whole tuples, for a bag). The base layers are sorted
     by ``columns``, so on a large table a range filter on the first column skips the row groups no
-    change falls in."""
-    skip = skipping_filter(touched, columns[0]) if stored_rows >= SKIP_MIN_ROWS else None
+    change falls in: ``bounds`` (the log segments' own, `ivm.changes.ingest`), or else the touched
+    keys' (one small query)."""
+    skip = None
+    if stored_rows >= SKIP_MIN_ROWS:
+        skip = (bounds if bounds is not None else key_bounds(touched, columns[0])).filter(columns[0])
     return restrict(snapshot if skip is None else snapshot.where(skip), touched, columns, small, stored_rows)
 
 
-def _keyed(events: DataFrame, snapshot: DataFrame, table: TableConfig, stored_rows: int, small: bool) -> DataFrame:
+def _keyed(events: DataFrame, snapshot: DataFrame, table: TableConfig, stored_rows: int, small: bool,
+           bounds: KeyBounds | None) -> DataFrame:
     """The events of a table with a primary key, after its stored rows, each with its problem."""
     columns, key = list(table.columns), list(table.key or [])
     touched = events.select(*[F.col(f"`{c}`") for c in key])  # (a semi-join needs no distinct keys)
-    old = consolidate(_stored_at(snapshot, touched, key, stored_rows, small), columns)
+    old = consolidate(_stored_at(snapshot, touched, key, stored_rows, small, bounds), columns)
     timeline = events.unionByName(_old_events(old, columns, F.lit(1).cast("long")))
     w = Window.partitionBy(*[F.col(f"`{c}`") for c in key]).orderBy(*ORDER)
     prev_sign, prev_row = F.lag(SIGN).over(w), F.lag(ROW).over(w)
@@ -123,11 +133,12 @@ def _keyed_delta(annotated: DataFrame, table: TableConfig, updates: Observation)
                   .select(*[F.col("i.row").getField(c).alias(c) for c in columns], F.col("i.n").alias(COUNT_COLUMN)))
 
 
-def _unkeyed(events: DataFrame, snapshot: DataFrame, table: TableConfig, stored_rows: int, small: bool) -> DataFrame:
+def _unkeyed(events: DataFrame, snapshot: DataFrame, table: TableConfig, stored_rows: int, small: bool,
+             bounds: KeyBounds | None) -> DataFrame:
     """The events of a bag table, after its stored tuples, each with its problem."""
     columns = list(table.columns)
     touched = events.select(*[F.col(f"`{c}`") for c in columns])
-    old = consolidate(_stored_at(snapshot, touched, columns, stored_rows, small), columns)
+    old = consolidate(_stored_at(snapshot, touched, columns, stored_rows, small, bounds), columns)
     timeline = events.unionByName(_old_events(old, columns, F.col(COUNT_COLUMN)))
     w = Window.partitionBy(ROW).orderBy(*ORDER).rowsBetween(Window.unboundedPreceding, Window.currentRow)
     copies = F.sum(SIGN).over(w)
@@ -183,19 +194,20 @@ def _observed(o: Observation) -> dict | None:
 
 
 def trim(name: str, table: TableConfig, log: DataFrame, snapshot: DataFrame, stored_rows: int = 0,
-         update_images: bool = True, small: bool = False) -> NetDelta:
+         update_images: bool = True, small: bool = False, bounds: KeyBounds | None = None) -> NetDelta:
     """The net delta of ``log`` (the changes in the refresh's range, in any order) against ``snapshot``
     (the table's current layers, unconsolidated; ``stored_rows`` of them: a large table gets a skipping
     filter). ``update_images`` False: the log is known to hold inserts and deletes only. ``small``: the
     log range is a small change, trimmed in one partition with the stored rows at its keys
-    (`zset.one_partition`: the window and the chains need no shuffle).
+    (`zset.one_partition`: the window and the chains need no shuffle). ``bounds``: where the log's
+    keys fall in `skip_column`, as its segments recorded (None: found from the log by a query).
 
     The check rides on the delta's plan (one action computes both; a check and a write apart took a
     second pass over a cached timeline): the caller writes ``delta``, then calls ``check()``, and drops
     what it wrote when that raises.
     """
     events = _events(one_partition(log) if small else log, list(table.columns), update_images)
-    annotated = (_keyed if table.keyed else _unkeyed)(events, snapshot, table, stored_rows, small)
+    annotated = (_keyed if table.keyed else _unkeyed)(events, snapshot, table, stored_rows, small, bounds)
     bad = F.col(PROBLEM).isNotNull()
     first = F.struct(*[F.col(f"`{c}`") for c in table.columns], F.col(COMMIT_VERSION), F.col(PROBLEM))
     observed = Observation(f"trim {name}")
