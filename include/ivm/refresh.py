@@ -33,7 +33,7 @@ from pyspark.util import inheritable_thread_target
 
 from ivm.catalog.store import LayerRef, PublishChange, StageRecord, aware
 from ivm.changes.ingest import has_update_images, read_log
-from ivm.changes.trim import trim
+from ivm.changes.trim import log_bounds, trim
 from ivm.config import COUNT_COLUMN
 from ivm.errors import ChangeDataError, ConfigError, NotFoundError, RunError, ValidationError, one_line
 from ivm.lang import compile_project
@@ -46,7 +46,7 @@ from ivm.maintain.recompute import Evaluator, as_used
 from ivm.maintain.strategy import stored_form
 from ivm.spark import adaptive
 from ivm.storage import Scratch, WrittenLayer, new_id
-from ivm.zset import KeyBounds, consolidate, small_change
+from ivm.zset import consolidate, small_change
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -443,8 +443,7 @@ def trim_table(project: Project, run_id: str, item: TableDelta) -> Callable[[], 
     schema, spark = project.schema(name), project.spark
     # where the range's keys fall, as its segments recorded when they were appended (all of them, or
     # the trim finds them from the log with a query)
-    known = [s.key_bounds for s in segments]
-    bounds = KeyBounds.merged([KeyBounds.from_json(b) for b in known]) if known and None not in known else None
+    bounds = log_bounds(table, [s.key_bounds for s in segments])
 
     def run() -> TableDelta:
         changes = read_log(spark, table, segments, item.from_version, item.to_version)

@@ -277,6 +277,10 @@ def test_segments_keep_their_key_bounds_and_the_trim_merges_them(project, tmp_pa
         {"kind": "a", "n": 1, "_change_type": "delete"}, {"kind": "b", "n": 2, "_change_type": "insert"}]))
     acct, event = project.catalog.all_segments()[-2:]
     assert KeyBounds.from_json(acct.key_bounds) == KeyBounds(((2, 2), (40, 40)))
+    assert (acct.key_bounds["column"], acct.key_bounds["column_type"]) == ("id", "INT")  # (declared types normalized)
+    # bounds recorded for another declaration of the table are not taken for this one
+    assert trim.log_bounds(project.table("acct"), [acct.key_bounds]) == KeyBounds(((2, 2), (40, 40)))
+    assert trim.log_bounds(project.table("acct"), [{**acct.key_bounds, "column_type": "BIGINT"}]) is None
     assert event.key_bounds is None  # a bag's first column is a string: its keys are cut in equal runs
     queried = []
     key_bounds = trim.key_bounds

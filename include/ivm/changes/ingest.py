@@ -20,11 +20,11 @@ from pyspark.sql import functions as F
 from ivm.catalog import Catalog
 from ivm.catalog.store import PublishChange, SegmentRef, StageRecord
 from ivm.changes.reader import BAD, RAW, SEQ, check_path, describe_row, read_cdf, read_debezium, read_snapshot
-from ivm.changes.trim import skip_column
+from ivm.changes.trim import segment_bounds
 from ivm.config import CHANGE_TYPE, COMMIT_VERSION, COUNT_COLUMN, TableConfig
 from ivm.errors import ChangeDataError
 from ivm.storage import Warehouse, new_id
-from ivm.zset import SKIP_MIN_ROWS, key_bounds
+from ivm.zset import SKIP_MIN_ROWS
 
 log = logging.getLogger(__name__)
 
@@ -135,14 +135,14 @@ def append_log(spark: SparkSession, catalog: Catalog, warehouse: Warehouse, name
 
 
 def segment_key_bounds(catalog: Catalog, name: str, table: TableConfig, changes: DataFrame) -> dict | None:
-    """Where a new segment's keys fall in the table's `skip_column` (`zset.key_bounds`: one small
-    query), for a table large enough that its trims read the stored rows through a skipping filter
-    (SKIP_MIN_ROWS): found here, once per segment, the trim of a refresh merges its segments' bounds
-    instead of querying its log range for them, so the query leaves the refresh's critical path. None
-    for a smaller table (its trims read it whole) and for keys cut in equal runs (strings)."""
+    """Where a new segment's keys fall (`ivm.changes.trim.segment_bounds`: one small query), for a
+    table large enough that its trims read the stored rows through a skipping filter (SKIP_MIN_ROWS):
+    found here, once per segment, the trim of a refresh merges its segments' bounds instead of
+    querying its log range for them, so the query leaves the refresh's critical path. None for a
+    smaller table (its trims read it whole)."""
     if sum(x.rows or 0 for x in catalog.state(name).layers) < SKIP_MIN_ROWS:
         return None
-    return key_bounds(changes, skip_column(table)).as_json()
+    return segment_bounds(table, changes)
 
 
 def read_log(spark: SparkSession, table: TableConfig, segments: list[SegmentRef], after: int, upto: int) -> DataFrame:

@@ -77,6 +77,26 @@ def skip_column(table: TableConfig) -> str:
     return (table.key or list(table.columns))[0]
 
 
+def segment_bounds(table: TableConfig, changes: DataFrame) -> dict | None:
+    """Where a log segment's keys fall in `skip_column` (`zset.key_bounds`: one small query), as the
+    catalog keeps them with the segment: with the column's name and declared type, so a segment
+    recorded under another definition of the table is not taken for this one. None for keys cut in
+    equal runs (strings)."""
+    column = skip_column(table)
+    bounds = key_bounds(changes, column).as_json()
+    return None if bounds is None else {**bounds, "column": column, "column_type": table.columns[column]}
+
+
+def log_bounds(table: TableConfig, recorded: Sequence[dict | None]) -> KeyBounds | None:
+    """A log range's bounds from its segments' (`segment_bounds`), merged; None unless every segment
+    recorded them for the table's `skip_column` as it is declared now."""
+    column = skip_column(table)
+    if not recorded or not all(b is not None and b.get("column") == column
+                               and b.get("column_type") == table.columns[column] for b in recorded):
+        return None
+    return KeyBounds.merged([KeyBounds.from_json(b) for b in recorded])
+
+
 def _stored_at(snapshot: DataFrame, touched: DataFrame, columns: list[str], stored_rows: int,
                small: bool, bounds: KeyBounds | None) -> DataFrame:
     """The snapshot's rows at the touched keys (or whole tuples, for a bag). The base layers are sorted
