@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import reduce
@@ -126,7 +127,9 @@ class KeyBounds:
         """The bounds as the catalog keeps them; None for keys cut in equal runs (strings and other
         types without a distance between them: their ranges cannot be merged at the widest gaps)."""
         values = [v for r in self.ranges for v in r]
-        if not all(_gapped(v) for v in values):
+        # (timestamps and non-finite floats have no exact JSON form here: not kept)
+        if not all(_gapped(v) and not isinstance(v, datetime.datetime)
+                   and not (isinstance(v, float) and not math.isfinite(v)) for v in values):
             return None
         kinds = {"date" if isinstance(v, datetime.date) else "decimal" if isinstance(v, decimal.Decimal)
                  else "number" for v in values}

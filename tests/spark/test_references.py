@@ -281,6 +281,8 @@ def test_merged_key_bounds_keep_every_key_and_cut_at_the_widest_gaps(spark, monk
                    KeyBounds(((decimal.Decimal("1.50"), decimal.Decimal("7.25")),))):
         assert KeyBounds.from_json(bounds.as_json()) == bounds
     assert KeyBounds((("a", "c"),)).as_json() is None  # equal runs of strings: nothing to merge at gaps
+    assert KeyBounds(((datetime.datetime(2020, 1, 1, 8), datetime.datetime(2020, 1, 2)),)).as_json() is None
+    assert KeyBounds(((1.5, float("nan")),)).as_json() is None
     days = KeyBounds.merged([KeyBounds(((datetime.date(2020, 1, 1), datetime.date(2020, 1, 3)),)),
                              KeyBounds(((datetime.date(2020, 1, 5), datetime.date(2020, 1, 5)),
                                         (datetime.date(2021, 1, 1), datetime.date(2021, 1, 1))))])
