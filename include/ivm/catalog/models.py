@@ -141,7 +141,7 @@ class LogSegment(Base):
     max_commit_version: Mapped[int] = mapped_column(BigInteger)
     rows: Mapped[int] = mapped_column(BigInteger)
     appended_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    #: where the segment's keys fall (`zset.KeyBounds.as_json`), found when it was appended; NULL: not
+    #: where the segment's keys fall (`ivm.changes.trim.segment_bounds`), found when it was appended; NULL: not
     #: known (a small table's segment, keys cut in equal runs, a segment appended before revision 0004)
     key_bounds: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 

@@ -99,7 +99,7 @@ class SegmentRef:
     max_commit_version: int
     rows: int
     appended_at: datetime
-    #: where its keys fall (`zset.KeyBounds.as_json`), or None when not known
+    #: where its keys fall (`ivm.changes.trim.segment_bounds`), or None when not known
     key_bounds: dict | None = None
 
 

@@ -1,7 +1,8 @@
 """Bringing files into the warehouse: change-log appends and initial snapshot loads.
 
 Both read the file with Spark, check every row (one job), and only then write: a bad file stores
-nothing. A log append becomes one immutable Parquet segment under ``log/<table>/``; the catalog row
+nothing. An append to a large table also records where the segment's keys fall (one small query), for
+the trims of later refreshes. A log append becomes one immutable Parquet segment under ``log/<table>/``; the catalog row
 that records it is the commit. The same file appended twice is recognised by its content hash and
 applied once (same path and content; a file with explicit commit versions cannot apply twice anyway).
 """
