@@ -189,7 +189,12 @@ class RunStates:
     def delta(self, name: str) -> DataFrame | None:
         if name not in self.delta_paths:
             return None
-        df = self.read(name, [self.delta_paths[name]])
+        return self.read_written(name, [self.delta_paths[name]])
+
+    def read_written(self, name: str, paths: list[str]) -> DataFrame:
+        """What this run wrote of ``name`` (a delta layer, a set change), read back: in one partition
+        when the run is small."""
+        df = self.read(name, paths)
         return one_partition(df) if self.small else df
 
     def note(self, name: str, path: str, size: int, rows: int) -> None:
@@ -283,9 +288,7 @@ class Counting:
             if not rows:
                 log.info("%s: counts changed but not the set; nothing propagates upward (statement (2))", pred)
                 return
-            delta = self.states.read(pred, [path])
-            if self.states.small:  # read back into one partition, as `RunStates.delta` reads a small run's
-                delta = one_partition(delta)
+            delta = self.states.read_written(pred, [path])
         self.used_delta[pred] = delta
 
     def set_changes(self, pred: str) -> bool:
