@@ -31,6 +31,7 @@ SIGN = "__sign"
 ROW = "__row"
 IS_OLD = "__old"
 PROBLEM = "__problem"
+PREV_SIGN, PREV_ROW, IS_LAST, FIRST_OLD, FIRST_ROW = "__prev_sign", "__prev_row", "__last", "__first_old", "__first_row"
 ORDER = [COMMIT_VERSION, SEQ]
 
 
@@ -39,8 +40,9 @@ def signed(ct: Column) -> Column:
     return F.when(ct.isin("insert", "update_postimage"), F.lit(1)).otherwise(F.lit(-1)).cast("long")
 
 
-def _events(log: DataFrame, columns: Sequence[str], update_images: bool = True) -> DataFrame:
-    """The changes as signed events, with the update-image pairing checked per commit.
+def _events(log: DataFrame, columns: Sequence[str], keep: Sequence[str], update_images: bool = True) -> DataFrame:
+    """The changes as signed events (``ROW``: the tuple of ``columns``; ``keep``: those of its columns
+    the trim groups by, beside it), with the update-image pairing checked per commit.
 
     Within a commit, the k-th update_postimage pairs with the k-th update_preimage before it; so the
     running balance of preimages over postimages never goes negative and ends at zero. A log known to
@@ -58,14 +60,14 @@ def _events(log: DataFrame, columns: Sequence[str], update_images: bool = True) 
                           "update_preimage without its update_postimage"))
     else:
         pairing = F.lit(None).cast("string")
-    return log.select(*[F.col(f"`{c}`") for c in columns], row_struct(columns).alias(ROW),
+    return log.select(*[F.col(f"`{c}`") for c in keep], row_struct(columns).alias(ROW),
                       signed(ct).alias(SIGN), F.col(COMMIT_VERSION), F.col(SEQ), ct.alias(CHANGE_TYPE),
                       F.lit(False).alias(IS_OLD), pairing.alias("__pairing"))
 
 
-def _old_events(old: DataFrame, columns: Sequence[str], sign: Column) -> DataFrame:
+def _old_events(old: DataFrame, columns: Sequence[str], keep: Sequence[str], sign: Column) -> DataFrame:
     """The snapshot's current tuples as events that come before every change."""
-    return old.select(*[F.col(f"`{c}`") for c in columns], row_struct(columns).alias(ROW), sign.alias(SIGN),
+    return old.select(*[F.col(f"`{c}`") for c in keep], row_struct(columns).alias(ROW), sign.alias(SIGN),
                       F.lit(-1).cast("long").alias(COMMIT_VERSION), F.lit(-1).cast("long").alias(SEQ),
                       F.lit(None).cast("string").alias(CHANGE_TYPE), F.lit(True).alias(IS_OLD),
                       F.lit(None).cast("string").alias("__pairing"))
@@ -114,11 +116,23 @@ def _keyed(events: DataFrame, snapshot: DataFrame, table: TableConfig, stored_ro
     """The events of a table with a primary key, after its stored rows, each with its problem."""
     columns, key = list(table.columns), list(table.key or [])
     touched = events.select(*[F.col(f"`{c}`") for c in key])  # (a semi-join needs no distinct keys)
-    old = consolidate(_stored_at(snapshot, touched, key, stored_rows, small, bounds), columns)
-    timeline = events.unionByName(_old_events(old, columns, F.lit(1).cast("long")))
+    stored = _stored_at(snapshot, touched, key, stored_rows, small, bounds)
+    if not small:  # both sides hashed by the key once: the union keeps it for the window (no third shuffle)
+        by_key = [F.col(f"`{c}`") for c in key]
+        stored, events = stored.repartition(*by_key), events.repartition(*by_key)
+    old = consolidate(stored, columns)
+    timeline = events.unionByName(_old_events(old, columns, key, F.lit(1).cast("long")))
+    # each key's chain in commit order, in one window: the step before each change (what it applies
+    # to), whether it is the chain's last, and the chain's first step (the stored row, if the key has
+    # one: it comes before every change)
     w = Window.partitionBy(*[F.col(f"`{c}`") for c in key]).orderBy(*ORDER)
-    prev_sign, prev_row = F.lag(SIGN).over(w), F.lag(ROW).over(w)
-    present = F.coalesce(prev_sign == 1, F.lit(False))
+    since_first = w.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    timeline = timeline.select("*", F.lag(SIGN).over(w).alias(PREV_SIGN), F.lag(ROW).over(w).alias(PREV_ROW),
+                               F.lead(SIGN).over(w).isNull().alias(IS_LAST),
+                               F.first(IS_OLD).over(since_first).alias(FIRST_OLD),
+                               F.first(ROW).over(since_first).alias(FIRST_ROW))
+    prev_row = F.col(PREV_ROW)
+    present = F.coalesce(F.col(PREV_SIGN) == 1, F.lit(False))
     sign = F.col(SIGN)
     problem = (F.when(F.col(IS_OLD), None)
                 .when(F.col("__pairing").isNotNull(), F.col("__pairing"))
@@ -134,13 +148,12 @@ def _keyed(events: DataFrame, snapshot: DataFrame, table: TableConfig, stored_ro
 def _keyed_delta(annotated: DataFrame, table: TableConfig, updates: Observation) -> DataFrame:
     """002 §3: the net effect of a key's chain is its first before-image against its last after-image.
     ``updates`` observes how many keys keep a row with a new value (both images: updated)."""
-    columns, key = list(table.columns), list(table.key or [])
-    step = F.struct(F.col(SIGN).alias("sign"), F.col(ROW).alias("row"), F.col(IS_OLD).alias("old"))
-    order = F.struct(*[F.col(c) for c in ORDER])
-    chains = annotated.groupBy(*[F.col(f"`{c}`") for c in key]).agg(
-        F.min_by(step, order).alias("first"), F.max_by(step, order).alias("last"))
-    before = F.when(F.col("first.old"), F.col("first.row"))
-    after = F.when(F.col("last.sign") > 0, F.col("last.row"))
+    columns = list(table.columns)
+    # (the chain's last step carries its first: a filter, where grouping by key took a second pass
+    # over the sorted chains with min_by/max_by of structs)
+    chains = annotated.where(F.col(IS_LAST))
+    before = F.when(F.col(FIRST_OLD), F.col(FIRST_ROW))
+    after = F.when(F.col(SIGN) > 0, F.col(ROW))
     noop = before.eqNullSafe(after)
     # (array_compact, not F.filter with a Python lambda: PySpark names a lambda's variable afresh each
     # time (x_7, x_9, ...) and the name is part of the generated code, which then compiles again)
@@ -159,7 +172,7 @@ def _unkeyed(events: DataFrame, snapshot: DataFrame, table: TableConfig, stored_
     columns = list(table.columns)
     touched = events.select(*[F.col(f"`{c}`") for c in columns])
     old = consolidate(_stored_at(snapshot, touched, columns, stored_rows, small, bounds), columns)
-    timeline = events.unionByName(_old_events(old, columns, F.col(COUNT_COLUMN)))
+    timeline = events.unionByName(_old_events(old, columns, columns, F.col(COUNT_COLUMN)))
     w = Window.partitionBy(ROW).orderBy(*ORDER).rowsBetween(Window.unboundedPreceding, Window.currentRow)
     copies = F.sum(SIGN).over(w)
     problem = (F.when(F.col(IS_OLD), None)
@@ -226,10 +239,12 @@ def trim(name: str, table: TableConfig, log: DataFrame, snapshot: DataFrame, sto
     second pass over a cached timeline): the caller writes ``delta``, then calls ``check()``, and drops
     what it wrote when that raises.
     """
-    events = _events(one_partition(log) if small else log, list(table.columns), update_images)
+    # (a keyed table's events carry its key beside the row, not every column twice: half the shuffle)
+    events = _events(one_partition(log) if small else log, list(table.columns), list(table.key or table.columns),
+                     update_images)
     annotated = (_keyed if table.keyed else _unkeyed)(events, snapshot, table, stored_rows, small, bounds)
     bad = F.col(PROBLEM).isNotNull()
-    first = F.struct(*[F.col(f"`{c}`") for c in table.columns], F.col(COMMIT_VERSION), F.col(PROBLEM))
+    first = F.struct(*[F.col(ROW).getField(c).alias(c) for c in table.columns], F.col(COMMIT_VERSION), F.col(PROBLEM))
     observed = Observation(f"trim {name}")
     annotated = annotated.observe(observed, F.count(F.when(bad, 1)).alias("problems"),
                                   F.min_by(F.when(bad, first), F.when(bad, F.struct(*ORDER))).alias("first"))
