@@ -117,15 +117,15 @@ def _keyed(events: DataFrame, snapshot: DataFrame, table: TableConfig, stored_ro
     columns, key = list(table.columns), list(table.key or [])
     touched = events.select(*[F.col(f"`{c}`") for c in key])  # (a semi-join needs no distinct keys)
     stored = _stored_at(snapshot, touched, key, stored_rows, small, bounds)
+    by_key = [F.col(f"`{c}`") for c in key]
     if not small:  # both sides hashed by the key once: the union keeps it for the window (no third shuffle)
-        by_key = [F.col(f"`{c}`") for c in key]
         stored, events = stored.repartition(*by_key), events.repartition(*by_key)
     old = consolidate(stored, columns)
     timeline = events.unionByName(_old_events(old, columns, key, F.lit(1).cast("long")))
     # each key's chain in commit order, in one window: the step before each change (what it applies
     # to), whether it is the chain's last, and the chain's first step (the stored row, if the key has
     # one: it comes before every change)
-    w = Window.partitionBy(*[F.col(f"`{c}`") for c in key]).orderBy(*ORDER)
+    w = Window.partitionBy(*by_key).orderBy(*ORDER)
     since_first = w.rowsBetween(Window.unboundedPreceding, Window.currentRow)
     timeline = timeline.select("*", F.lag(SIGN).over(w).alias(PREV_SIGN), F.lag(ROW).over(w).alias(PREV_ROW),
                                F.lead(SIGN).over(w).isNull().alias(IS_LAST),
