@@ -3,10 +3,11 @@ PYTHON ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
 PYSPARK := $(shell grep -E '^pyspark==' requirements.txt)
+LOCAL_FS_JAR := include/ivm/jvm/ivm-hadoop.jar
 
 .PHONY: venv demo test test-fast lint bench clean
 
-venv: $(VENV)/.installed
+venv: $(VENV)/.installed $(LOCAL_FS_JAR)
 
 # uv installs the pinned stack (~0.5 minutes on a fresh machine, pip ~2); pip stays in the venv
 UV := $(BIN)/uv pip install --quiet --python $(BIN)/python
@@ -18,6 +19,16 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	$(UV) --no-deps --reinstall $(PYSPARK)
 	$(UV) --no-deps -e .
 	touch $@
+
+# Hadoop's local file system without a chmod process per file and directory Spark writes (ivm.spark:
+# include/ivm/jvm/NioLocalFileSystem.java), compiled against the venv's pyspark. Without javac (a JRE
+# only) it is skipped and local Spark uses Hadoop's own.
+$(LOCAL_FS_JAR): include/ivm/jvm/NioLocalFileSystem.java $(VENV)/.installed
+	@if command -v javac >/dev/null; then \
+	  out=$$(mktemp -d) && jars=$$($(BIN)/python -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))') \
+	  && javac -nowarn --release 17 -cp "$$jars/*" -d $$out $< && jar cf $@ -C $$out . && rm -rf $$out \
+	  && echo "built $@"; \
+	else echo "no javac: $@ not built (local Spark keeps Hadoop's local file system)"; fi
 
 demo: venv
 	$(BIN)/python include/views/demo/demo.py
