@@ -144,6 +144,12 @@ def run_view(view: str, args, root: Path, counters_for) -> list[Figure]:
         warmup[kind] = warm_up(lambda kind=kind: append(min(args.deltas), kind),
                                lambda: project.refresh([name], mode="incremental"))
         print(f"{view} {kind}: warm-up refreshes {', '.join(f'{t:.2f}' for t in warmup[kind])} s", flush=True)
+    # and FULL_WARMUP unmeasured full refreshes, so that both measured paths run warm (the initial
+    # materialization ran long before; in one run without them Q3's T_full at SF 10, Δ 1%, was 46.4 s,
+    # against 25-29 s for every full refresh of the next run, warm-ups included)
+    full_warmup = warm_up(lambda: append(min(args.deltas), plan[0][1]),
+                          lambda: project.refresh([name], mode="full"), FULL_WARMUP)
+    print(f"{view}: full warm-up refreshes {', '.join(f'{t:.2f}' for t in full_warmup)} s", flush=True)
     for fraction, kind in plan:
         n = append(fraction, kind)
         result, *numbers = counters.measure(lambda: project.refresh([name], mode="incremental"))
@@ -154,7 +160,7 @@ def run_view(view: str, args, root: Path, counters_for) -> list[Figure]:
         # the change to the tables (the trim) before recomputing the view and publishing
         n_full = append(fraction, kind)
         _, *numbers = counters.measure(lambda: project.refresh([name], mode="full"))
-        figures.append(Figure(view, fraction, kind, "full", n_full, *numbers))
+        figures.append(Figure(view, fraction, kind, "full", n_full, *numbers, warmup=full_warmup))
         print(f"{view} Δ={fraction:g} {kind}: incremental {figures[-2].seconds:.2f} s, full {figures[-1].seconds:.2f} s "
               f"({n} changed rows)", flush=True)
         if args.auto:  # a third change of the same size under --mode auto: the crossover's choice
@@ -176,12 +182,15 @@ def run_view(view: str, args, root: Path, counters_for) -> list[Figure]:
 #: (a steadiness test, two in a row within 10%, stopped at a plateau after 3 while later ones were still
 #: 25% faster)
 WARMUP = 5
+#: unmeasured full refreshes per view before the figures (each a recompute of the view from all its
+#: tables: the JVM compiles its hot paths in the first, and the tables' files are read once)
+FULL_WARMUP = 2
 
 
-def warm_up(prepare, refresh) -> list[float]:
-    """WARMUP unmeasured refreshes, each after ``prepare()`` (a change appended): their times."""
+def warm_up(prepare, refresh, count: int = WARMUP) -> list[float]:
+    """``count`` unmeasured refreshes, each after ``prepare()`` (a change appended): their times."""
     times: list[float] = []
-    for _ in range(WARMUP):
+    for _ in range(count):
         prepare()
         started = time.perf_counter()
         refresh()
@@ -210,7 +219,8 @@ def report(figures: list[Figure], args, out: Path) -> None:
              f"- TPC-H SF {args.sf:g} (tpchgen-cli); closure over {args.edges} edges (chains of 10 nodes)",
              "- one warm Spark session: the initial materialization ran before the figures, then "
              f"{WARMUP} unmeasured incremental refreshes of each kind of change at the smallest Δ (JMH's default "
-             "count of warm-up iterations; their times are listed below the table); validation off; no compaction "
+             f"count of warm-up iterations) and {FULL_WARMUP} unmeasured full refreshes (their times are listed "
+             "below the table); validation off; no compaction "
              "(`storage.compact_max_layers: 100`); each T is a whole `ivm refresh` (plan, trim, maintain or "
              "recompute, publish): T_inc with `--mode incremental`, T_full with `--mode full` on a second change "
              "of the same size (both apply the change to the tables first)", "",
@@ -229,10 +239,11 @@ def report(figures: list[Figure], args, out: Path) -> None:
         lines.append(f"| {view} | {delta:.2%} | {kind} | {inc.changes} | {inc.seconds:.2f} | {full.seconds:.2f} | "
                      f"{inc.seconds / full.seconds:.3f} | {inc.jobs}/{full.jobs} | {inc.rows_read}/{full.rows_read} | "
                      f"{inc.bytes_written}/{full.bytes_written} |")
-    warmups = {(f.view, f.change): f.warmup for f in figures if f.warmup}
-    if warmups:
-        lines += ["", "Warm-up (unmeasured incremental refreshes at the smallest Δ, in order): " + "; ".join(
-            f"{view} {kind}: {', '.join(f'{t:.2f}' for t in times)} s" for (view, kind), times in warmups.items())]
+    for mode, what in (("incremental", "incremental refreshes at the smallest Δ"), ("full", "full refreshes")):
+        warmups = {(f.view, f.change): f.warmup for f in figures if f.warmup and f.mode == mode}
+        if warmups:
+            lines += ["", f"Warm-up (unmeasured {what}, in order): " + "; ".join(
+                f"{view} {kind}: {', '.join(f'{t:.2f}' for t in times)} s" for (view, kind), times in warmups.items())]
     autos = [(key, pair) for key, pair in by.items() if "auto" in pair and "full" in pair]
     if autos:
         lines += ["", "## `--mode auto` (the crossover from measured costs)", "",
