@@ -160,7 +160,8 @@ def run_view(view: str, args, root: Path, counters_for) -> list[Figure]:
         # the change to the tables (the trim) before recomputing the view and publishing
         n_full = append(fraction, kind)
         _, *numbers = counters.measure(lambda: project.refresh([name], mode="full"))
-        figures.append(Figure(view, fraction, kind, "full", n_full, *numbers, warmup=full_warmup))
+        figures.append(Figure(view, fraction, kind, "full", n_full, *numbers,
+                              warmup=full_warmup if (fraction, kind) == plan[0] else None))
         print(f"{view} Δ={fraction:g} {kind}: incremental {figures[-2].seconds:.2f} s, full {figures[-1].seconds:.2f} s "
               f"({n} changed rows)", flush=True)
         if args.auto:  # a third change of the same size under --mode auto: the crossover's choice
