@@ -99,17 +99,22 @@ def log_bounds(table: TableConfig, recorded: Sequence[dict | None]) -> KeyBounds
     return KeyBounds.merged([KeyBounds.from_json(b) for b in recorded])
 
 
+def _skip_bounds(touched: DataFrame, column: str, stored_rows: int, bounds: KeyBounds | None) -> KeyBounds | None:
+    """Where the touched keys fall in ``column``, for a large table's skipping filter: ``bounds`` (the
+    log segments' own, `ivm.changes.ingest`), or else the touched keys' (one small query); None below
+    SKIP_MIN_ROWS stored rows (the table is read whole)."""
+    if stored_rows < SKIP_MIN_ROWS:
+        return None
+    return bounds if bounds is not None else key_bounds(touched, column)
+
+
 def _stored_at(snapshot: DataFrame, touched: DataFrame, columns: list[str], stored_rows: int,
-               small: bool, bounds: KeyBounds | None, merge: bool = False) -> DataFrame:
+               small: bool, skip: KeyBounds | None, merge: bool = False) -> DataFrame:
     """The snapshot's rows at the touched keys (or whole tuples, for a bag). The base layers are sorted
     by ``columns``, so on a large table a range filter on the first column skips the row groups no
-    change falls in: ``bounds`` (the log segments' own, `ivm.changes.ingest`), or else the touched
-    keys' (one small query). ``merge``: ``touched`` is a keyed table's, hashed by its key; the rows are
-    found by a sort-merge semi-join that keeps it (`zset.restrict` otherwise)."""
-    skip = None
-    if stored_rows >= SKIP_MIN_ROWS:
-        skip = (bounds if bounds is not None else key_bounds(touched, columns[0])).filter(columns[0])
-    rows = snapshot if skip is None else snapshot.where(skip)
+    change falls in (``skip``: `_skip_bounds`). ``merge``: ``touched`` is a keyed table's, hashed by
+    its key; the rows are found by a sort-merge semi-join that keeps it (`zset.restrict` otherwise)."""
+    rows = snapshot if skip is None else snapshot.where(skip.filter(columns[0]))
     if merge:  # a merge join on the key as ``touched`` is hashed (plain equality: a key is never NULL)
         return rows.join(touched.hint("merge"), list(columns), "left_semi")
     return restrict(rows, touched, columns, small, stored_rows)
@@ -121,8 +126,7 @@ def _keyed(events: DataFrame, snapshot: DataFrame, table: TableConfig, stored_ro
     columns, key = list(table.columns), list(table.key or [])
     by_key = [F.col(f"`{c}`") for c in key]
     touched = events.select(*by_key)  # (a semi-join needs no distinct keys)
-    if bounds is None and stored_rows >= SKIP_MIN_ROWS:  # (the query reads the changes as they come)
-        bounds = key_bounds(touched, key[0])
+    skip = _skip_bounds(touched, key[0], stored_rows, bounds)  # (a query reads the changes as they come)
     if not small:
         # the changes hashed by their key once (002 §3's hash table): the semi-join finding the stored
         # rows at their keys then shuffles only the stored side, and their consolidation, the union and
@@ -130,7 +134,7 @@ def _keyed(events: DataFrame, snapshot: DataFrame, table: TableConfig, stored_ro
         # and again by key: lineitem at SF 10, 600k changes, 2.2-2.3 s against 2.6-2.7)
         events = events.repartition(*by_key)
         touched = events.select(*by_key)
-    stored = _stored_at(snapshot, touched, key, stored_rows, small, bounds, merge=not small)
+    stored = _stored_at(snapshot, touched, key, stored_rows, small, skip, merge=not small)
     old = consolidate(stored, columns)
     timeline = events.unionByName(_old_events(old, columns, key, F.lit(1).cast("long")))
     # each key's chain in commit order, in one window: the step before each change (what it applies
@@ -182,7 +186,8 @@ def _unkeyed(events: DataFrame, snapshot: DataFrame, table: TableConfig, stored_
     """The events of a bag table, after its stored tuples, each with its problem."""
     columns = list(table.columns)
     touched = events.select(*[F.col(f"`{c}`") for c in columns])
-    old = consolidate(_stored_at(snapshot, touched, columns, stored_rows, small, bounds), columns)
+    skip = _skip_bounds(touched, columns[0], stored_rows, bounds)
+    old = consolidate(_stored_at(snapshot, touched, columns, stored_rows, small, skip), columns)
     timeline = events.unionByName(_old_events(old, columns, columns, F.col(COUNT_COLUMN)))
     w = Window.partitionBy(ROW).orderBy(*ORDER).rowsBetween(Window.unboundedPreceding, Window.currentRow)
     copies = F.sum(SIGN).over(w)
