@@ -254,7 +254,7 @@ def check_views(project: Project, run_id: str, states: list[ViewState], tables: 
     @functools.cache
     def full() -> Evaluator:  # the recomputation, built for the first view that samples
         return Evaluator(program, strata, {
-            t: consolidate(project.warehouse.read_layers(project.spark, paths, project.schema(t)))
+            t: consolidate(project.warehouse.read_layers(project.spark, paths, project.schema(t), reuse=False))
             for t, paths in tables.items()}, scratch=scratch, limits=project.max_iterations)
 
     checks = []
@@ -265,9 +265,10 @@ def check_views(project: Project, run_id: str, states: list[ViewState], tables: 
         check = ViewCheck(st.view, "passed", n, negative.get(st.view))
         if n > 0:
             schema = project.schema(st.view)
-            staged = consolidate(project.warehouse.read_layers(project.spark, st.paths, schema))
+            # (the comparison lists the layers' files anew, `Warehouse.read_layers`: it checks what is on disk)
+            staged = consolidate(project.warehouse.read_layers(project.spark, st.paths, schema, reuse=False))
             keys = key_columns(program, st.view, config.key)
-            touched = project.warehouse.read_layers(project.spark, [st.delta], schema) if st.delta else None
+            touched = project.warehouse.read_layers(project.spark, [st.delta], schema, reuse=False) if st.delta else None
             ks = key_sample(keys, n, st.rows, touched, seed)
             expected = full().relation(st.view)
             if st.form == "presence":  # stored without counts: each tuple once

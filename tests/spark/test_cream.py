@@ -153,10 +153,10 @@ def spy_reads(project, monkeypatch) -> list[str]:
     active = [False]
     read, maintain = project.warehouse.read_layers, ivm.refresh.maintain_stage
 
-    def read_layers(spark, paths, schema):
+    def read_layers(spark, paths, schema, **kwargs):
         if active[0]:
             seen.extend(paths)
-        return read(spark, paths, schema)
+        return read(spark, paths, schema, **kwargs)
 
     def maintain_stage(*args, **kwargs):
         active[0] = True

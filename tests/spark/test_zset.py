@@ -67,3 +67,31 @@ def test_large_deltas_group_every_tuple(spark, tmp_path, monkeypatch, limit, gro
     assert Counter({(r["k"], r["v"]): r["__count"] for r in got.collect()}) == Counter({(2, "y"): 2, (3, None): 1})
     plan = got._jdf.queryExecution().executedPlan().toString()
     assert ("LeftAnti" not in plan) == grouped_all, plan
+
+
+def test_reads_of_layers_are_reused_until_a_layer_is_rewritten(spark, tmp_path):
+    """`read_layers` builds the DataFrame over a set of layers once; a retried stage's overwrite
+    (``write_layer`` with the same run id) or a delete forgets it, and ``reuse=False`` lists the files
+    anew (validation reads what is on disk)."""
+    wh = Warehouse(str(tmp_path))
+
+    def write(ks, run_id=None):
+        df = spark.createDataFrame([(k, "x", 1) for k in ks], "k int, v string, __count long")
+        return wh.write_layer(df, "r", "delta", run_id=run_id)
+
+    def keys(df):
+        return sorted(r["k"] for r in df.collect())
+
+    base, layer = write([1]), write([2, 3], run_id="retried")
+    first = wh.read_layers(spark, [base.path, layer.path], SCHEMA)
+    assert wh.read_layers(spark, [base.path, layer.path], SCHEMA) is first
+    assert keys(first) == [1, 2, 3]
+    write([4], run_id="retried")  # the same layer, overwritten
+    assert keys(wh.read_layers(spark, [base.path, layer.path], SCHEMA)) == [1, 4]
+    assert keys(wh.read_layers(spark, [layer.path], SCHEMA)) == [4]
+    spark.createDataFrame([(5, "y", 1)], "k int, v string, __count long").write.mode("append").parquet(layer.path)
+    assert keys(wh.read_layers(spark, [layer.path], SCHEMA)) == [4]  # (written behind the warehouse's back)
+    assert keys(wh.read_layers(spark, [layer.path], SCHEMA, reuse=False)) == [4, 5]
+    wh.delete(layer.path)
+    with pytest.raises(Exception, match="PATH_NOT_FOUND|does not exist"):
+        wh.read_layers(spark, [layer.path], SCHEMA)
