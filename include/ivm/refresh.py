@@ -628,6 +628,8 @@ class _Maintenance:
         for name in relations:
             self.old[name] = old_layer_refs(project, p, name)
             self.states.old_paths[name] = [x.path for x in self.old[name]]
+            rows = [x.rows for x in self.old[name]]
+            self.states.old_rows[name] = None if None in rows else sum(rows)
         self.counting = Counting(program, strata, self.states, project.groupby_states, project.schema,
                                  project.max_iterations)
         for t in p.tables:  # (all noted before any is read: together they decide `small`)

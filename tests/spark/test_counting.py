@@ -21,6 +21,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from ivm.maintain.counting import RunStates
 from ivm.maintain.recompute import Evaluator
 from ivm.storage import Scratch, Warehouse
 from tests.conftest import DISTRIBUTED
@@ -256,30 +257,36 @@ def test_000_example_4_2_step_by_step(make_project, tmp_path):
     assert _delta(p, "from_a") == {("c",): -1}
 
 
-def test_aggregates_keep_sql_semantics_when_groups_empty(make_project, tmp_path):
+@pytest.mark.parametrize("whole", [True, False], ids=["state-read-whole", "state-at-touched-groups"])
+def test_aggregates_keep_sql_semantics_when_groups_empty(make_project, tmp_path, monkeypatch, whole):
     """A group whose rows are all deleted disappears; the global aggregate keeps its one row (count 0,
-    sum NULL); deleting the current MIN recomputes that group only."""
+    sum NULL); deleting the current MIN recomputes that group only; an untouched group (c) is left
+    alone — whether the small run reads the stored GROUP BY state whole or at the touched groups only
+    (`RunStates.fits_one_partition`)."""
+    monkeypatch.setattr(RunStates, "fits_one_partition", lambda self, name: self.small and whole)
     tables = {"t": {"columns": {"k": "string", "v": "int"}}}
     views = {"per_k": {"sql": "SELECT k, count(*) AS n, min(v) AS lo, max(v) AS hi, sum(v) AS s FROM t GROUP BY k"},
              "total": {"sql": "SELECT count(*) AS n, sum(v) AS s, min(v) AS lo FROM t"}}
     p = make_project(tables, views=views)
     cols = ["k", "v"]
-    p.load("t", _jsonl(tmp_path / "t.jsonl", cols, [("a", 1), ("a", 5), ("b", 2)]))
+    p.load("t", _jsonl(tmp_path / "t.jsonl", cols, [("a", 1), ("a", 5), ("b", 2), ("c", 7)]))
     p.refresh()
     p.append("t", _jsonl(tmp_path / "c1.jsonl", cols, [("a", 1), ("b", 2)], ["delete", "delete"]))
     p.refresh()
-    assert _zset(p.read_zset("per_k").collect()) == {("a", 1, 5, 5, 5): 1}
+    assert _zset(p.read_zset("per_k").collect()) == {("a", 1, 5, 5, 5): 1, ("c", 1, 7, 7, 7): 1}
     assert _delta(p, "per_k") == {("a", 2, 1, 5, 6): -1, ("a", 1, 5, 5, 5): 1, ("b", 1, 2, 2, 2): -1}
-    assert _zset(p.read_zset("total").collect()) == {(1, 5, 5): 1}
-    p.append("t", _jsonl(tmp_path / "c2.jsonl", cols, [("a", 5)], ["delete"]))
+    assert _zset(p.read_zset("total").collect()) == {(2, 12, 5): 1}
+    p.append("t", _jsonl(tmp_path / "c2.jsonl", cols, [("a", 5), ("c", 7)], ["delete", "delete"]))
     p.refresh()
     assert _zset(p.read_zset("per_k").collect()) == {}
     assert _zset(p.read_zset("total").collect()) == {(0, None, None): 1}
 
 
-def test_distinct_aggregate_when_no_distinct_value_changes(make_project, tmp_path):
+@pytest.mark.parametrize("whole", [True, False], ids=["state-read-whole", "state-at-touched-groups"])
+def test_distinct_aggregate_when_no_distinct_value_changes(make_project, tmp_path, monkeypatch, whole):
     """A batch that adds a duplicate and a NULL changes COUNT(*) but no (group, value) pair of the
     DISTINCT aggregates: their counts and sums stay (found by the differential test)."""
+    monkeypatch.setattr(RunStates, "fits_one_partition", lambda self, name: self.small and whole)
     tables = {"t": {"columns": {"k": "string", "v": "int"}}}
     views = {"d": {"sql": "SELECT k, count(DISTINCT v) AS nd, sum(DISTINCT v) AS sd, count(*) AS n FROM t GROUP BY k"}}
     p = make_project(tables, views=views)

@@ -160,6 +160,8 @@ class RunStates:
     #: the run's intermediate results (set changes, fixpoint rounds)
     scratch: Scratch
     old_paths: dict[str, list[str]] = field(default_factory=dict)
+    #: rows of each relation's published layers (as the catalog records them; None: some layer's unknown)
+    old_rows: dict[str, int | None] = field(default_factory=dict)
     delta_paths: dict[str, str] = field(default_factory=dict)
     #: bytes of each delta layer: small ones are broadcast into the joins of the delta rules
     delta_bytes: dict[str, int] = field(default_factory=dict)
@@ -176,6 +178,12 @@ class RunStates:
         keys gathered in one (`zset.one_partition`). A derived delta that grows past the limit (a
         join's fan-out) turns the rest of the run to the distributed plan."""
         return small_change(sum(self.delta_rows.values()), self.single_partition_rows)
+
+    def fits_one_partition(self, name: str) -> bool:
+        """Whether the run is small and ``name``'s published layers are too (`spark.single_partition_rows`):
+        read whole into the run's one partition, they need no restriction to the keys in play."""
+        rows = self.old_rows.get(name)
+        return self.small and rows is not None and small_change(max(rows, 1), self.single_partition_rows)
 
     def old(self, name: str) -> DataFrame:
         return self.read(name, self.old_paths.get(name, []))
@@ -490,7 +498,8 @@ class Counting:
         def new_rows(groups: DataFrame | None) -> DataFrame:
             return self.rows(g.atom, NEW, groups, st.by)
 
-        dstate = st.delta(delta_rows, self.states.old(name), new_rows, changes, self.schemas(name), self.states.small)
+        dstate = st.delta(delta_rows, self.states.old(name), new_rows, changes, self.schemas(name), self.states.small,
+                          whole=self.states.fits_one_partition(name))
         written = self.states.put_delta(name, dstate)
         return consolidate(st.finalize(written if written is not None else self.states.read(name, [])))
 

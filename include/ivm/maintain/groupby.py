@@ -180,7 +180,8 @@ class GroupByState:
     # -- Algorithm 6.1 ----------------------------------------------------------------------------------
 
     def delta(self, delta_rows: DataFrame, old_state: DataFrame, new_rows: Callable[[DataFrame], DataFrame],
-              distinct_changes: dict[str, DataFrame], schema: StructType, small: bool = False) -> DataFrame:
+              distinct_changes: dict[str, DataFrame], schema: StructType, small: bool = False,
+              whole: bool = False) -> DataFrame:
         """The state delta of the groups Δ(U) touches: (old state, -1) and (new state, +1).
 
         ``delta_rows``: Δ(U) as variables + ``__count``, consolidated. ``old_state``: the stored state
@@ -188,6 +189,9 @@ class GroupByState:
         for the groups that must be recomputed (never called for a self-maintainable subgoal).
         ``distinct_changes``: per DISTINCT argument, the set changes (±1) of its (group, value) relation.
         ``small``: Δ(U) is a small change's: the old state of its groups is gathered in one partition.
+        ``whole``: the stored state is small too (`RunStates.fits_one_partition`): read whole into that
+        partition and paired there, not restricted to the touched groups first (a semi-join that
+        broadcasts the groups: a second wave of Spark jobs, computing Δ(U)'s groups once more).
         """
         by = self.by
         partial = self._partial(delta_rows)
@@ -198,7 +202,7 @@ class GroupByState:
             part = self._distinct_partial(var, distinct_changes[var])
             partial = _join_groups(partial, part, by, "full") if by else partial.crossJoin(part)
         groups = partial.select(*[F.col(_q(b)) for b in by]) if by else None
-        if groups is None:  # the global aggregate's one row
+        if groups is None or (small and whole):  # the global aggregate's one row, or a small state
             old = one_partition(old_state) if small else old_state
         else:
             old = restrict(old_state, groups, by, small)
@@ -231,8 +235,8 @@ class GroupByState:
 
     def _pair(self, partial: DataFrame, old: DataFrame, small: bool) -> DataFrame:
         """Algorithm 6.1's pairing of each touched group's Δ(U) (``partial``, one row per group: its
-        columns as ``p__*``) with its old tuple T_ȳ (``old``, at most one row per group, all among the
-        partial's: its columns as ``o__*``, NULL for a new group). An aggregate over the union of the
+        columns as ``p__*``) with its old tuple T_ȳ (``old``, at most one row per group: its columns as
+        ``o__*``, NULL for a new group; groups the partial lacks are dropped). An aggregate over the union of the
         two, where a join would broadcast or shuffle one side to the other: in a small change's one
         partition it needs no exchange, so the state write is one wave of Spark jobs shorter."""
         by = self.by
@@ -245,7 +249,9 @@ class GroupByState:
         # (each side holds one row per group: `first` ignoring NULLs picks it; GROUP BY puts NULL keys in
         # one group, as the null-safe join did)
         pick = [F.first("__p", ignorenulls=True).alias("__p"), F.first("__o", ignorenulls=True).alias("__o")]
-        return (both.groupBy(*keys).agg(*pick) if by else both.agg(*pick)).select(*keys, "__p.*", "__o.*")
+        # (a group the partial lacks is untouched: one of a state read whole, `delta`'s ``whole``)
+        return ((both.groupBy(*keys).agg(*pick) if by else both.agg(*pick)).where(F.col("__p").isNotNull())
+                .select(*keys, "__p.*", "__o.*"))
 
     def _recomputed(self, flagged: DataFrame, new_rows: Callable[[DataFrame], DataFrame]) -> DataFrame:
         """The new state of the flagged groups, from Uᵛ's rows."""
