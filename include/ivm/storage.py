@@ -189,9 +189,9 @@ class Warehouse:
         A layer's files do not change once written, so the DataFrame over a set of layers is built
         once and reused (the last `READS_KEPT`): building it costs ~15 ms of the driver's time (the
         analyzer looks the Parquet source up among the class path's services, checks each path on a
-        new thread pool and lists the files), and a refresh reads the same layers in its trim, its
-        maintain, and the unchanged tables' in every run. Writing or deleting a layer forgets the
-        DataFrames over it. ``reuse=False`` (validation: what the files hold now) lists them anew."""
+        new thread pool and lists the files), and a refresh reads the same layers in its trim and its
+        maintain, and the unchanged tables' layers in every run. Writing or deleting a layer forgets
+        the DataFrames over it. ``reuse=False`` (validation: what the files hold now) lists them anew."""
         key = (id(spark), tuple(paths), schema.json())
         with self._reads_lock:
             df = self._reads.get(key) if reuse else None

@@ -235,10 +235,11 @@ class GroupByState:
 
     def _pair(self, partial: DataFrame, old: DataFrame, small: bool) -> DataFrame:
         """Algorithm 6.1's pairing of each touched group's Δ(U) (``partial``, one row per group: its
-        columns as ``p__*``) with its old tuple T_ȳ (``old``, at most one row per group: its columns as
-        ``o__*``, NULL for a new group; groups the partial lacks are dropped). An aggregate over the union of the
-        two, where a join would broadcast or shuffle one side to the other: in a small change's one
-        partition it needs no exchange, so the state write is one wave of Spark jobs shorter."""
+        columns as ``p__*``) with its old tuple T_ȳ (``old``, at most one row per group: its columns
+        as ``o__*``, NULL for a new group; groups the partial lacks are dropped). An aggregate over the
+        union of the two, where a join would broadcast or shuffle one side to the other: in a small
+        change's one partition it needs no exchange, so the state write is one wave of Spark jobs
+        shorter."""
         by = self.by
         keys = [F.col(_q(b)) for b in by]
         p = partial.select(*keys, F.struct(*[F.col(_q(c)).alias(f"p__{c}") for c in partial.columns
