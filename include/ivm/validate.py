@@ -37,7 +37,7 @@ from ivm.config import COUNT_COLUMN
 from ivm.ir import GroupBy, Program, Var
 from ivm.spark import adaptive
 from ivm.storage import Scratch
-from ivm.zset import consolidate, restrict, small_change, union_all
+from ivm.zset import consolidate, one_partition, restrict, small_change, union_all
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -214,18 +214,30 @@ class ViewCheck:
 def negative_counts(project: Project, states: list[ViewState]) -> dict[str, str]:
     """No tuple a run changed may end with a count below zero (a delta deleting what was not there):
     for all views in one Spark job over their changed tuples only (one stage when the deltas are a small
-    change: `spark.single_partition_rows`). View -> its first bad tuple."""
+    change: `spark.single_partition_rows`; a view whose layers hold at most that many rows too is read
+    whole into that stage, where restricting it to the delta's tuples first would broadcast them in a
+    job of their own). The layers are listed anew (`Warehouse.read_layers`): what is on disk is
+    checked. View -> its first bad tuple."""
     checks = []
-    small = small_change(sum(st.delta_rows for st in states if st.delta), project.config.spark.single_partition_rows)
+    limit = project.config.spark.single_partition_rows
+    small = small_change(sum(st.delta_rows for st in states if st.delta), limit)
     for st in states:
         if st.delta is None:
             continue
         schema = project.schema(st.view)
-        delta = project.warehouse.read_layers(project.spark, [st.delta], schema)
+        delta = project.warehouse.read_layers(project.spark, [st.delta], schema, reuse=False)
         cols = [c for c in delta.columns if c != COUNT_COLUMN]
-        new = project.warehouse.read_layers(project.spark, st.paths, schema)
-        # (a semi-join needs no distinct keys: no shuffle of the delta for them)
-        counts = consolidate(restrict(new, delta.select(*[F.col(f"`{c}`") for c in cols]), cols, small), cols)
+        new = project.warehouse.read_layers(project.spark, st.paths, schema, reuse=False)
+        if small and small_change(max(st.rows, 1), limit):
+            # the view's counts, each tuple marked whether the delta holds it, in the one partition
+            mark = F.lit(False).alias("__changed")
+            both = one_partition(new.select("*", mark).unionByName(
+                delta.select(*[F.col(f"`{c}`") for c in cols], F.lit(0).cast("long").alias(COUNT_COLUMN),
+                             F.lit(True).alias("__changed"))))
+            counts = both.groupBy(*[F.col(f"`{c}`") for c in cols]).agg(
+                F.sum(COUNT_COLUMN).alias(COUNT_COLUMN), F.max("__changed").alias("__changed")).where("__changed")
+        else:  # (a semi-join needs no distinct keys: no shuffle of the delta for them)
+            counts = consolidate(restrict(new, delta.select(*[F.col(f"`{c}`") for c in cols]), cols, small), cols)
         checks.append(counts.where(F.col(COUNT_COLUMN) < 0).limit(1).select(
             F.lit(st.view).alias("view"), F.to_json(F.struct(*[F.col(f"`{c}`") for c in cols])).alias("row"),
             F.col(COUNT_COLUMN)))

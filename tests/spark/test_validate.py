@@ -137,3 +137,34 @@ def test_the_key_restriction_reaches_below_the_aggregate(make_project, tmp_path)
     hashed = [i for i, line in enumerate(tree) if "xxhash64" in line and "Filter" in line]
     assert aggregates and hashed and min(hashed) > max(aggregates) and "Relation" in tree[min(hashed) + 1], tree
     assert "a" in {r["k"] for r in plan.collect()}  # the touched key
+
+
+@pytest.mark.parametrize("limit", [None, 3], ids=["view-read-whole", "view-at-the-delta"])
+def test_a_delta_deleting_what_is_not_there_fails_the_negative_count_check(make_project, tmp_path, limit):
+    """With no sampled recomputation (sample 0) the negative-count check alone: a staged delta that
+    takes away two copies of a tuple the view holds once leaves it at -1; the check names the tuple and
+    blocks the publish. Whether the small run reads the view whole into its one partition (the
+    default) or only at the delta's tuples (a view past ``spark.single_partition_rows``: 3 here), and
+    though the maintain stage read the delta layer before the bad file was added to it."""
+    per_k = {"sql": "SELECT k, count(*) AS n, sum(v) AS s FROM t GROUP BY k", "validate": {"sample": 0}}
+    p = make_project({"t": TABLES["t"]}, views={"per_k": per_k},
+                     **({"spark": {"single_partition_rows": limit}} if limit else {}))
+    p.load("t", lines(tmp_path / "t.jsonl", [(k, 1) for k in "abcde"], cols=("k", "v")))
+    p.refresh()
+    before = p.catalog.state("per_k").version_id
+    p.append("t", lines(tmp_path / "c1.jsonl", [("a", 9)], "insert", cols=("k", "v")))
+    run_id = "negative"
+    begin(p, plan(p, run_id=run_id))
+    trim_stage(p, run_id)
+    maintain_stage(p, run_id)
+    staged, _ = load_plan(p, run_id)
+    delta = next(w for w in staged.views if w.view == "per_k").layers["per_k"]
+    bad = p.read_zset("per_k").where(F.col("k") == "b").withColumn("__count", F.lit(-2).cast("long"))
+    bad.write.mode("append").parquet(delta.path)
+    with pytest.raises(ValidationError, match=r'tuple \{"k":"b","n":1,"s":1\} would have count -1'):
+        validate_stage(p, run_id)
+    (check,) = p.catalog.validations(view="per_k", run_id=run_id)
+    assert check.status == "failed"
+    with pytest.raises(ValidationError, match="nothing was published"):
+        publish_stage(p, run_id)
+    assert p.catalog.state("per_k").version_id == before
