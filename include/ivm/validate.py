@@ -277,7 +277,7 @@ def check_views(project: Project, run_id: str, states: list[ViewState], tables: 
         check = ViewCheck(st.view, "passed", n, negative.get(st.view))
         if n > 0:
             schema = project.schema(st.view)
-            # (the comparison lists the layers' files anew, `Warehouse.read_layers`: it checks what is on disk)
+            # (as the negative-count check, the comparison lists the layers' files anew: what is on disk)
             staged = consolidate(project.warehouse.read_layers(project.spark, st.paths, schema, reuse=False))
             keys = key_columns(program, st.view, config.key)
             touched = project.warehouse.read_layers(project.spark, [st.delta], schema, reuse=False) if st.delta else None
