@@ -227,20 +227,18 @@ def negative_counts(project: Project, states: list[ViewState]) -> dict[str, str]
         schema = project.schema(st.view)
         delta = project.warehouse.read_layers(project.spark, [st.delta], schema, reuse=False)
         cols = [c for c in delta.columns if c != COUNT_COLUMN]
+        tuple_ = [F.col(f"`{c}`") for c in cols]
         new = project.warehouse.read_layers(project.spark, st.paths, schema, reuse=False)
         if small and small_change(max(st.rows, 1), limit):
             # the view's counts, each tuple marked whether the delta holds it, in the one partition
-            mark = F.lit(False).alias("__changed")
-            both = one_partition(new.select("*", mark).unionByName(
-                delta.select(*[F.col(f"`{c}`") for c in cols], F.lit(0).cast("long").alias(COUNT_COLUMN),
-                             F.lit(True).alias("__changed"))))
-            counts = both.groupBy(*[F.col(f"`{c}`") for c in cols]).agg(
+            both = one_partition(new.select("*", F.lit(False).alias("__changed")).unionByName(
+                delta.select(*tuple_, F.lit(0).cast("long").alias(COUNT_COLUMN), F.lit(True).alias("__changed"))))
+            counts = both.groupBy(*tuple_).agg(
                 F.sum(COUNT_COLUMN).alias(COUNT_COLUMN), F.max("__changed").alias("__changed")).where("__changed")
         else:  # (a semi-join needs no distinct keys: no shuffle of the delta for them)
-            counts = consolidate(restrict(new, delta.select(*[F.col(f"`{c}`") for c in cols]), cols, small), cols)
+            counts = consolidate(restrict(new, delta.select(*tuple_), cols, small), cols)
         checks.append(counts.where(F.col(COUNT_COLUMN) < 0).limit(1).select(
-            F.lit(st.view).alias("view"), F.to_json(F.struct(*[F.col(f"`{c}`") for c in cols])).alias("row"),
-            F.col(COUNT_COLUMN)))
+            F.lit(st.view).alias("view"), F.to_json(F.struct(*tuple_)).alias("row"), F.col(COUNT_COLUMN)))
     if not checks:
         return {}
     with adaptive(project.spark, not small):  # (a small change's one-partition plan: ivm.spark.adaptive)
