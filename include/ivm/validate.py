@@ -229,7 +229,7 @@ def negative_counts(project: Project, states: list[ViewState]) -> dict[str, str]
         cols = [c for c in delta.columns if c != COUNT_COLUMN]
         tuple_ = [F.col(f"`{c}`") for c in cols]
         new = project.warehouse.read_layers(project.spark, st.paths, schema, reuse=False)
-        if small and small_change(max(st.rows, 1), limit):
+        if small and small_change(st.rows, limit):
             # the view's counts, each tuple marked whether the delta holds it, in the one partition
             both = one_partition(new.select("*", F.lit(False).alias("__changed")).unionByName(
                 delta.select(*tuple_, F.lit(0).cast("long").alias(COUNT_COLUMN), F.lit(True).alias("__changed"))))

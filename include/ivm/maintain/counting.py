@@ -183,7 +183,7 @@ class RunStates:
         """Whether the run is small and ``name``'s published layers are too (`spark.single_partition_rows`):
         read whole into the run's one partition, they need no restriction to the keys in play."""
         rows = self.old_rows.get(name)
-        return self.small and rows is not None and small_change(max(rows, 1), self.single_partition_rows)
+        return self.small and rows is not None and small_change(rows, self.single_partition_rows)
 
     def old(self, name: str) -> DataFrame:
         return self.read(name, self.old_paths.get(name, []))
