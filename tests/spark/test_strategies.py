@@ -11,11 +11,11 @@ from collections import Counter
 
 import duckdb
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from ivm.maintain.recompute import Evaluator
-from tests.conftest import DISTRIBUTED
+from tests.conftest import DISTRIBUTED, drawn_stream
 from tests.spark.test_counting import (
     KEYED,
     ROWS,
@@ -134,9 +134,10 @@ def check(project, bags, keyed) -> dict[str, dict]:
 
 
 @pytest.mark.e2e
-@settings(STREAMS, max_examples=1)  # one stream per run (about 2 minutes) keeps CI under 30
+@STREAMS  # one stream per run (about 2 minutes) keeps CI under 30
 @given(data=st.data())
 def test_counting_keyed_and_reduce_agree_with_duckdb(make_project, tmp_path_factory, data):
+    drawn_stream(data)
     bags = data.draw(st.fixed_dictionaries({t: st.lists(ROWS[t], max_size=6) for t in BAGS}), "bags")
     keyed = data.draw(keyed_state(), "keyed")
     bags0, keyed0 = {t: list(r) for t, r in bags.items()}, {t: dict(r) for t, r in keyed.items()}
@@ -164,6 +165,27 @@ def test_counting_keyed_and_reduce_agree_with_duckdb(make_project, tmp_path_fact
         append(everything, root, n, bag_changes, keyed_changes)
     assert {v.mode for v in everything.refresh().views} <= {"incremental", "noop"}
     assert check(everything, bags, keyed) == final
+
+
+def test_two_reduce_views_of_one_run_keep_their_steps_apart(make_project, tmp_path):
+    """Two REDUCE views over emp ⋈ dept name their steps alike (emp-insert-1, ...); each view's are
+    written under its own name in the run's scratch space. Found by the change stream: regions' step
+    wrote an ``existing`` side that staff's step of the same name did not, and staff read it (Spark's
+    dynamic partition overwrite kept the folder) as a tuple (NULL, 'y', NULL)."""
+    views = {"regions": {"sql": SQL["regions"][0], "strategy": "reduce",
+                         "reduce": {"algorithm": "REDUCE", "multiple_updates": "MU2"}},
+             "staff": {"sql": SQL["staff"][0], "key": ["id"], "strategy": "reduce",
+                       "reduce": {"algorithm": "REDUCE", "multiple_updates": "MU1"}}}
+    p = make_project(KEYED, views=views)
+    for t, rows in {"emp": [(3, "x", 1)], "dept": [("z", "s"), ("x", None)]}.items():
+        p.load(t, _jsonl(tmp_path / f"{t}.jsonl", list(KEYED[t]["columns"]), rows))
+    p.refresh()
+    p.append("emp", _jsonl(tmp_path / "emp-1.jsonl", list(KEYED["emp"]["columns"]),
+                           [(2, "y", None), (4, "x", None), (5, None, 0)], ["insert"] * 3))
+    p.append("dept", _jsonl(tmp_path / "dept-1.jsonl", list(KEYED["dept"]["columns"]), [("y", None)], ["insert"]))
+    assert {w.view: w.mode for w in p.refresh().views} == {"regions": "incremental", "staff": "incremental"}
+    assert _zset(p.read_zset("regions").collect()) == {("x", None): 1, ("y", None): 1}
+    assert _zset(p.read_zset("staff").collect()) == {}
 
 
 def _stage(project, run_id, view):
