@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from ivm.errors import ConfigError
 from ivm.maintain.recompute import Evaluator
-from tests.conftest import DISTRIBUTED
+from tests.conftest import DISTRIBUTED, drawn_stream
 from tests.spark.test_counting import STREAMS, _jsonl, _zset, apply_batch, assert_close
 from tests.spark.test_recompute import _norm
 
@@ -211,6 +211,7 @@ def batch(draw, state: dict[str, list[tuple]]) -> dict[str, list[tuple[str, tupl
 @STREAMS
 @given(data=st.data())
 def test_dred_matches_full_recompute_and_duckdb(make_project, tmp_path_factory, data):
+    drawn_stream(data)
     initial = data.draw(st.fixed_dictionaries({
         "link": st.lists(ROWS["link"], min_size=3, max_size=10),
         "blocked": st.lists(ROWS["blocked"], max_size=2),

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from ivm.maintain.nested import source_relation
 from ivm.maintain.recompute import Evaluator
-from tests.conftest import DISTRIBUTED
+from tests.conftest import DISTRIBUTED, drawn_stream
 from tests.spark.test_counting import STREAMS, _zset, apply_batch, assert_close
 
 # 002 Example 2.1: Emp = [Nm, Dependent], Dependent = [D-Nm, Age], Health-Ins = [D-Nm]
@@ -332,13 +332,14 @@ def _check(project, state) -> dict[str, dict]:
 
 
 @pytest.mark.e2e
-@settings(STREAMS, max_examples=1)  # about 1.5 minutes per example; every CI run draws a new one
+@STREAMS  # about 1.5 minutes per example; every CI run draws a new one
 @given(data=st.data())
 def test_nested_views_match_full_recompute_and_duckdb(make_project, tmp_path_factory, data):
     """Changes inside nested sets (by value: one kid's age or toys, a kid added or removed; by reference:
     kid and toy rows), parent inserts, deletes and renames, and changes to the joined flat table; after
     every refresh each view equals its full recomputation and DuckDB's UNNEST of the same rows, and a
     project that takes all batches at once ends equal."""
+    drawn_stream(data)
     next_id = [0]
     initial = {}
     for table in ("fam", "fam_ref"):

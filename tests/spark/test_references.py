@@ -12,14 +12,14 @@ from collections import Counter
 
 import duckdb
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from ivm.maintain.delta_rules import delta_rules
 from ivm.maintain.recompute import Evaluator
 from ivm.maintain.references import shortcuts
 from ivm.spark import JobMetrics
-from tests.conftest import DISTRIBUTED
+from tests.conftest import DISTRIBUTED, drawn_stream
 from tests.spark.test_counting import STREAMS, _jsonl, _norm, _zset, assert_close
 
 TABLES = {
@@ -135,9 +135,10 @@ def _project(make_project, root, state, **settings):
 
 
 @pytest.mark.e2e
-@settings(STREAMS, max_examples=1)  # one stream per CI run (about a minute)
+@STREAMS  # one stream per CI run (about a minute)
 @given(data=st.data())
 def test_references_stream_matches_recompute_and_duckdb(make_project, tmp_path_factory, data):
+    drawn_stream(data)
     start = data.draw(initial(), "initial")
     state = {t: dict(v) for t, v in start.items()}
     root = tmp_path_factory.mktemp("references")

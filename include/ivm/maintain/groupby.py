@@ -179,28 +179,33 @@ class GroupByState:
 
     # -- Algorithm 6.1 ----------------------------------------------------------------------------------
 
-    def delta(self, delta_rows: DataFrame, old_state: DataFrame, new_rows: Callable[[DataFrame], DataFrame],
-              distinct_changes: dict[str, DataFrame], schema: StructType, small: bool = False,
-              whole: bool = False) -> DataFrame:
-        """The state delta of the groups Δ(U) touches: (old state, -1) and (new state, +1).
+    def partial(self, delta_rows: DataFrame, distinct_changes: dict[str, DataFrame]) -> DataFrame:
+        """Algorithm 6.1's Δ(U) per touched group: one row per group, each decomposed function's change.
 
-        ``delta_rows``: Δ(U) as variables + ``__count``, consolidated. ``old_state``: the stored state
-        (unconsolidated layers). ``new_rows(groups)``: Uᵛ's consolidated rows restricted to ``groups``,
-        for the groups that must be recomputed (never called for a self-maintainable subgoal).
-        ``distinct_changes``: per DISTINCT argument, the set changes (±1) of its (group, value) relation.
-        ``small``: Δ(U) is a small change's: the old state of its groups is gathered in one partition.
-        ``whole``: the stored state is small too (`RunStates.fits_one_partition`): read whole into that
-        partition and paired there, not restricted to the touched groups first (a semi-join that
-        broadcasts the groups: a second wave of Spark jobs, computing Δ(U)'s groups once more).
-        """
-        by = self.by
+        ``delta_rows``: Δ(U) as variables + ``__count``, consolidated. ``distinct_changes``: per DISTINCT
+        argument, the set changes (±1) of its (group, value) relation."""
         partial = self._partial(delta_rows)
         for var in self.distinct_args():
             if var not in distinct_changes:  # no (group, value) pair appeared or vanished: nothing to add
                 partial = partial.select("*", *[F.lit(None).alias(n) for n in self._distinct_names(var)])
                 continue
             part = self._distinct_partial(var, distinct_changes[var])
-            partial = _join_groups(partial, part, by, "full") if by else partial.crossJoin(part)
+            partial = _join_groups(partial, part, self.by, "full") if self.by else partial.crossJoin(part)
+        return partial
+
+    def delta(self, partial: DataFrame, old_state: DataFrame, new_rows: Callable[[DataFrame], DataFrame],
+              schema: StructType, small: bool = False, whole: bool = False) -> DataFrame:
+        """The state delta of the groups Δ(U) touches: (old state, -1) and (new state, +1).
+
+        ``partial``: Δ(U) per group (`partial`). ``old_state``: the stored state (unconsolidated
+        layers). ``new_rows(groups)``: Uᵛ's consolidated rows restricted to ``groups``, for the groups
+        that must be recomputed (never called for a self-maintainable subgoal). ``small``: the partial
+        is a small change's: the old state of its groups is gathered in one partition. ``whole``: the
+        stored state is small too (`RunStates.fits_one_partition`): read whole into that partition and
+        paired there, not restricted to the touched groups first (a semi-join that broadcasts the
+        groups: a second wave of Spark jobs, computing Δ(U)'s groups once more).
+        """
+        by = self.by
         groups = partial.select(*[F.col(_q(b)) for b in by]) if by else None
         if groups is None or (small and whole):  # the global aggregate's one row, or a small state
             old = one_partition(old_state) if small else old_state
