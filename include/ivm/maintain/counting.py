@@ -510,9 +510,10 @@ class Counting:
         """A large run's Δ(U) per group, written first (a scratch result) and read back, with whether it
         is small (`spark.single_partition_rows`). A large change often touches few groups (a join's
         filters drop most of it, a GROUP BY has few keys: Q3's 750k changed rows at SF 10 touch ~1,000);
-        its size known, the pairing with the old state is planned in one partition (the state read whole
-        when small too) where the distributed plan ran a chain of Spark stages, each a job, over a few
-        thousand rows — and computed the partial twice (for the touched groups and for the pairing)."""
+        its size known, the pairing with the old state is planned in one partition (the state's rows at
+        the groups' broadcast keys gathered into it) where the distributed plan ran a chain of Spark
+        stages, each a job, over a few thousand rows — and computed the partial twice (for the touched
+        groups and for the pairing)."""
         path, rows, _ = self.states.scratch.put(f"{name}__partial", partial)
         small = small_change(rows, self.states.single_partition_rows)
         back = self.states.scratch.read([path], partial.schema)
