@@ -176,8 +176,9 @@ class Reducer:
         tagged = [df.select(*[F.col(_q(c)) for c in schema.names]).withColumn("__side", F.lit(side))
                   for side, df in frames.items()]
         union = union_all(tagged)
-        # (under the view's name: two REDUCE views of one run name their steps alike, emp-insert-1, and
-        # the second's write replaced the files the first's plans still read, found by a change stream)
+        # (under the view's name: two REDUCE views of one run name their steps alike, emp-insert-1; under
+        # dynamic partition overwrite the second's write kept the first's ``existing`` side, which the
+        # second then read as its own: found by a change stream)
         path = self.scratch.warehouse.path("staging", self.scratch.run_id, f"reduce/{self.s.view}/{self._n:03d}-{name}")
         union.write.mode("overwrite").partitionBy("__side").parquet(path)
         out = {}
