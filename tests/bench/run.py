@@ -2,7 +2,8 @@
 issue). Not a test: figures are measured and reported, never asserted.
 
     .venv/bin/python tests/bench/run.py [--sf 0.1] [--deltas 0.0001,0.001,0.01,0.1] [--edges 10000]
-                                        [--views q1,q3,q5,reach,cust_dates,nations@reduce,...] [--out tests/bench/results]
+                                        [--views q1,q3,q5,reach,cust_dates,nations@reduce,...] [--repeat 3]
+                                        [--out tests/bench/results]
 
 (`make bench` runs it at SF 0.1.) For each view a project of its own holds the tables it reads (so a
 refresh of one view never costs another's), loaded from TPC-H (``tpchgen-cli``) or the generated
@@ -14,8 +15,10 @@ graph and materialized once. Then for each Δ (a fraction of the orders, or of t
     T_auto  append a third, `refresh` (`--mode auto`: the crossover by the view's measured costs decides)
     noop    a `refresh` with nothing new
 
-with the Spark jobs launched, the rows read (input records of their stages) and the bytes written
-(output bytes) of each, from Spark's status store. The validation stage is off (`validate.sample: 0`):
+``--repeat`` times (3), the modes interleaved, each T the median (reported with the range), after every
+relation was compacted (unmeasured) to one base layer. Each measurement comes with the Spark jobs
+launched, the rows read (input records of their stages) and the bytes written (output bytes), from
+Spark's status store. The validation stage is off (`validate.sample: 0`):
 it is measured on its own. The results go to ``<out>/results.md`` (with the machine's facts) and
 ``<out>/results.png`` (time against Δ).
 """
@@ -28,7 +31,7 @@ import platform
 import shutil
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -69,6 +72,21 @@ class Figure:
     shuffled: int = 0  # records written to shuffles: the intermediate rows the plans exchanged
     detail: str = ""  # what the maintenance reported (REDUCE: candidate, existing, target rows)
     warmup: list[float] | None = None  # the unmeasured warm-up refreshes before it (seconds)
+    times: list[float] | None = None  # every measurement of the figure (seconds), in order; it reports their median
+
+
+def median_of(figures: list[Figure]) -> Figure:
+    """The measurement of median time among repeated ones (the lower middle of an even count), with every
+    measurement's time: its jobs, rows and bytes are that refresh's own."""
+    ordered = sorted(figures, key=lambda f: f.seconds)
+    return replace(ordered[(len(ordered) - 1) // 2], times=[f.seconds for f in figures])
+
+
+def timed(f: Figure) -> str:
+    """A figure's time: the median, with the range of the measurements when there are several."""
+    if not f.times or len(f.times) < 2:
+        return f"{f.seconds:.2f}"
+    return f"{f.seconds:.2f} ({min(f.times):.2f}–{max(f.times):.2f})"
 
 
 class SparkCounters:
@@ -103,9 +121,8 @@ def project_for(view: str, root: Path, sf: float, edges: int):
         # SF 1's full recompute (--driver-memory, 4g by default)
         "warehouse": "./warehouse", "spark": {"master": "local[2]", "conf": {"spark.sql.shuffle.partitions": "4",
                                                                               "spark.driver.memory": DRIVER_MEMORY}},
-        # no compaction inside a measured refresh (the warm-ups and figures add ~12 delta layers per table,
-        # past the default 10): a refresh that compacts rewrites a whole table, a periodic cost no single
-        # figure should carry; the reads pay for the extra layers instead
+        # no compaction inside a measured refresh: a refresh that compacts rewrites a whole table, a
+        # periodic cost no single figure should carry (run_view compacts, unmeasured, before each Δ)
         "storage": {"compact_max_layers": 100},
         "tables": tables, "views": {name: spec}}, sort_keys=False))
     project = Project.open(str(folder / "ivm.yaml"))
@@ -151,28 +168,42 @@ def run_view(view: str, args, root: Path, counters_for) -> list[Figure]:
                           lambda: project.refresh([name], mode="full"), FULL_WARMUP)
     print(f"{view}: full warm-up refreshes {', '.join(f'{t:.2f}' for t in full_warmup)} s", flush=True)
     for fraction, kind in plan:
-        n = append(fraction, kind)
-        result, *numbers = counters.measure(lambda: project.refresh([name], mode="incremental"))
-        detail = ", ".join(f"{k} {v}" for w in result.views for k, v in w.detail.items())
-        figures.append(Figure(view, fraction, kind, "incremental", n, *numbers, detail=detail,
-                              warmup=warmup[kind]))
-        # T_full: a refresh in full mode of a second change of the same size; like any refresh it applies
-        # the change to the tables (the trim) before recomputing the view and publishing
-        n_full = append(fraction, kind)
-        _, *numbers = counters.measure(lambda: project.refresh([name], mode="full"))
-        figures.append(Figure(view, fraction, kind, "full", n_full, *numbers,
-                              warmup=full_warmup if (fraction, kind) == plan[0] else None))
-        print(f"{view} Δ={fraction:g} {kind}: incremental {figures[-2].seconds:.2f} s, full {figures[-1].seconds:.2f} s "
-              f"({n} changed rows)", flush=True)
-        if args.auto:  # a third change of the same size under --mode auto: the crossover's choice
+        # each Δ's measurements start from compacted relations (one base layer each; unmeasured): the
+        # figures run at the few layers a compacted project holds, not at however many the earlier
+        # figures left (past 32 a read lists its layers in a Spark job of its own)
+        project.compact(force=True)
+        rounds: dict[str, list[Figure]] = {}
+        for _ in range(args.repeat):  # the modes interleaved: a slow minute of the machine hits each alike
             n = append(fraction, kind)
-            result, *numbers = counters.measure(lambda: project.refresh([name]))
-            [work] = result.views
-            est = work.choice.get("crossover") or {}
-            figures.append(Figure(view, fraction, kind, "auto", n, *numbers, detail=f"{work.mode} (estimated "
-                                  f"{est.get('incremental_s')} s incremental, {est.get('full_s')} s full)"))
-            print(f"{view} Δ={fraction:g} {kind}: auto chose {figures[-1].detail}: {figures[-1].seconds:.2f} s",
-                  flush=True)
+            result, *numbers = counters.measure(lambda: project.refresh([name], mode="incremental"))
+            detail = ", ".join(f"{k} {v}" for w in result.views for k, v in w.detail.items())
+            rounds.setdefault("incremental", []).append(
+                Figure(view, fraction, kind, "incremental", n, *numbers, detail=detail, warmup=warmup[kind]))
+            # T_full: a refresh in full mode of a second change of the same size; like any refresh it applies
+            # the change to the tables (the trim) before recomputing the view and publishing
+            n_full = append(fraction, kind)
+            _, *numbers = counters.measure(lambda: project.refresh([name], mode="full"))
+            rounds.setdefault("full", []).append(Figure(view, fraction, kind, "full", n_full, *numbers,
+                                                        warmup=full_warmup if (fraction, kind) == plan[0] else None))
+            if args.auto:  # a third change of the same size under --mode auto: the crossover's choice
+                n = append(fraction, kind)
+                result, *numbers = counters.measure(lambda: project.refresh([name]))
+                [work] = result.views
+                est = work.choice.get("crossover") or {}
+                rounds.setdefault("auto", []).append(Figure(
+                    view, fraction, kind, "auto", n, *numbers, detail=f"{work.mode} (estimated "
+                    f"{est.get('incremental_s')} s incremental, {est.get('full_s')} s full)"))
+        medians = {mode: median_of(fs) for mode, fs in rounds.items()}
+        chosen = [f.detail.split(" ")[0] for f in rounds.get("auto", [])]
+        if len(set(chosen)) > 1:  # (the median's choice is reported; the others too when they differ)
+            medians["auto"] = replace(medians["auto"], detail=f"{medians['auto'].detail}; the rounds chose "
+                                                              f"{', '.join(chosen)}")
+        figures += medians.values()
+        print(f"{view} Δ={fraction:g} {kind}: incremental {medians['incremental'].seconds:.2f} s, full "
+              f"{medians['full'].seconds:.2f} s ({n} changed rows; medians of {args.repeat})", flush=True)
+        if "auto" in medians:
+            print(f"{view} Δ={fraction:g} {kind}: auto chose {', '.join(f.detail for f in rounds['auto'])}: "
+                  f"{medians['auto'].seconds:.2f} s", flush=True)
     _, *numbers = counters.measure(lambda: project.refresh([name]))
     figures.append(Figure(view, 0.0, "noop", "incremental", 0, *numbers))
     project.close()
@@ -221,10 +252,14 @@ def report(figures: list[Figure], args, out: Path) -> None:
              "- one warm Spark session: the initial materialization ran before the figures, then "
              f"{WARMUP} unmeasured incremental refreshes of each kind of change at the smallest Δ (JMH's default "
              f"count of warm-up iterations) and {FULL_WARMUP} unmeasured full refreshes (their times are listed "
-             "below the table); validation off; no compaction "
-             "(`storage.compact_max_layers: 100`); each T is a whole `ivm refresh` (plan, trim, maintain or "
+             "below the table); validation off; no compaction inside a refresh "
+             "(`storage.compact_max_layers: 100`), every relation compacted (unmeasured) before each Δ's "
+             "measurements; each T is a whole `ivm refresh` (plan, trim, maintain or "
              "recompute, publish): T_inc with `--mode incremental`, T_full with `--mode full` on a second change "
-             "of the same size (both apply the change to the tables first)", "",
+             "of the same size (both apply the change to the tables first)",
+             f"- each T is the median of {args.repeat} measurements (the range in parentheses), the modes "
+             "interleaved (incremental, full, auto, incremental, ...), each on a change of its own; jobs, rows "
+             "and bytes are the median measurement's; T_inc/T_full is the medians' ratio", "",
              "| view | Δ | kind | changed rows | T_inc s | T_full s | T_inc/T_full | jobs inc/full | "
              "rows read inc/full | bytes written inc/full |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -237,7 +272,7 @@ def report(figures: list[Figure], args, out: Path) -> None:
             lines.append(f"| {view} | — | no-op refresh | 0 | {inc.seconds:.2f} | | | {inc.jobs} | {inc.rows_read} | "
                          f"{inc.bytes_written} |")
             continue
-        lines.append(f"| {view} | {delta:.2%} | {kind} | {inc.changes} | {inc.seconds:.2f} | {full.seconds:.2f} | "
+        lines.append(f"| {view} | {delta:.2%} | {kind} | {inc.changes} | {timed(inc)} | {timed(full)} | "
                      f"{inc.seconds / full.seconds:.3f} | {inc.jobs}/{full.jobs} | {inc.rows_read}/{full.rows_read} | "
                      f"{inc.bytes_written}/{full.bytes_written} |")
     for mode, what in (("incremental", "incremental refreshes at the smallest Δ"), ("full", "full refreshes")):
@@ -248,13 +283,14 @@ def report(figures: list[Figure], args, out: Path) -> None:
     autos = [(key, pair) for key, pair in by.items() if "auto" in pair and "full" in pair]
     if autos:
         lines += ["", "## `--mode auto` (the crossover from measured costs)", "",
-                  "A third change of the same size after the incremental and full ones, refreshed with "
-                  "`--mode auto`: what it chose (with its estimates, from this session's earlier runs of the view) "
-                  "and its time against the better of T_inc and T_full.", "",
+                  "In each round a third change of the same size after the incremental and full ones, refreshed "
+                  "with `--mode auto`: what the median one chose (with its estimates, from this session's earlier "
+                  "runs of the view; every round's choice when they differ) and the median time against the better "
+                  "of T_inc and T_full.", "",
                   "| view | Δ | kind | T_auto s | chose | T_auto / min(T_inc, T_full) |", "|---|---|---|---|---|---|"]
         for (view, delta, kind), pair in autos:
             best = min(pair["incremental"].seconds, pair["full"].seconds)
-            lines.append(f"| {view} | {delta:.2%} | {kind} | {pair['auto'].seconds:.2f} | {pair['auto'].detail} | "
+            lines.append(f"| {view} | {delta:.2%} | {kind} | {timed(pair['auto'])} | {pair['auto'].detail} | "
                          f"{pair['auto'].seconds / best:.2f} |")
     projections = [(key, pair) for key, pair in by.items() if "@" in key[0] and "full" in pair]
     if projections:
@@ -266,7 +302,7 @@ def report(figures: list[Figure], args, out: Path) -> None:
         for (view, delta, _), pair in sorted(projections, key=lambda x: (x[0][0].split("@")[0], x[0][1], x[0][0])):
             inc, full = pair["incremental"], pair["full"]
             name, strategy = view.split("@")
-            lines.append(f"| {name} | {strategy} | {delta:.2%} | {inc.seconds:.2f} | {full.seconds:.2f} | "
+            lines.append(f"| {name} | {strategy} | {delta:.2%} | {timed(inc)} | {timed(full)} | "
                          f"{inc.seconds / full.seconds:.3f} | {inc.jobs} | {inc.shuffled} | {inc.rows_read} | "
                          f"{inc.detail or '—'} |")
     (out / "results.md").write_text("\n".join(lines) + "\n")
@@ -310,6 +346,8 @@ def main(argv: list[str] | None = None) -> int:
                     type=lambda s: [float(x) for x in s.split(",")], help="fractions of the orders / edges")
     ap.add_argument("--edges", type=int, default=100_000, help="edges of the closure's graph")
     ap.add_argument("--driver-memory", default=DRIVER_MEMORY, help="spark.driver.memory of the local session")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="measurements of each figure (each mode's, interleaved); the median is reported, with the range")
     ap.add_argument("--no-auto", dest="auto", action="store_false",
                     help="skip the --mode auto refresh after each Δ's incremental and full ones")
     ap.add_argument("--views", default="q1,q3,q5,reach,cust_dates,supp_median,nations@counting,nations@reduce,order_nations@counting,order_nations@reduce", type=lambda s: s.split(","))
