@@ -258,7 +258,8 @@ def report(figures: list[Figure], args, out: Path) -> None:
              "recompute, publish): T_inc with `--mode incremental`, T_full with `--mode full` on a second change "
              "of the same size (both apply the change to the tables first)",
              f"- each T is the median of {args.repeat} measurements (the range in parentheses), the modes "
-             "interleaved (incremental, full, auto, incremental, ...), each on a change of its own; jobs, rows "
+             f"interleaved (incremental, full, {'auto, ' if args.auto else ''}incremental, ...), each on a change "
+             "of its own; jobs, rows "
              "and bytes are the median measurement's; T_inc/T_full is the medians' ratio", "",
              "| view | Δ | kind | changed rows | T_inc s | T_full s | T_inc/T_full | jobs inc/full | "
              "rows read inc/full | bytes written inc/full |",
