@@ -146,13 +146,22 @@ def change(form: str, project, sets, folder: Path, changed: int, step: int) -> i
     return project.append("nset", path).rows
 
 
+def _ranged(times: list[float]) -> str:
+    """The median of ``times``, with their range when there are several."""
+    ordered = sorted(times)
+    mid = ordered[(len(ordered) - 1) // 2]
+    return f"{mid:.2f}" if len(ordered) < 2 else f"{mid:.2f} ({ordered[0]:.2f}–{ordered[-1]:.2f})"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--elements", type=int, default=200_000, help="nested elements in all (002 §5.1: 200,000)")
     ap.add_argument("--families", default="100,1000,10000", type=lambda s: [int(x) for x in s.split(",")],
                     help="elements per nested set (002: Small Family 100, Large Family 1,000)")
     ap.add_argument("--changed", type=int, default=20, help="sets changed per refresh, one element each")
-    ap.add_argument("--repeat", type=int, default=2, help="refreshes measured per configuration (the last is kept)")
+    ap.add_argument("--warmup", type=int, default=1, help="unmeasured rounds per configuration first")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="measured rounds per configuration (an incremental refresh, then a full one); medians reported")
     ap.add_argument("--work", default=str(REPO / ".bench" / "nested"))
     ap.add_argument("--out", default=str(REPO / "tests" / "bench" / "results" / "nested"))
     args = ap.parse_args(argv)
@@ -162,7 +171,9 @@ def main(argv: list[str] | None = None) -> int:
              f"- {args.elements} nested elements in all; per refresh, one element's C replaced in each of "
              f"{args.changed} sets; view Nest(A, C) := base1(A, N), N(B, C), pred(B), pred 50% of B",
              "- T_inc: `ivm refresh` (trim, maintain, publish); T_full: `ivm backfill --full`; one warm session, "
-             f"validation off; the last of {args.repeat} refreshes", "",
+             f"validation off; per configuration {args.warmup} unmeasured round(s), then {args.repeat} rounds of an "
+             "incremental refresh and a full one: the medians, with their range; jobs, rows and T_maintain are "
+             "the median incremental refresh's", "",
              "- T_maintain: the maintain stage of the incremental refresh alone (the trim before it reads the "
              "changed parents, which by value carry their whole arrays)", "",
              "| representation | set size | parents | changed log rows | T_inc s | T_maintain s | T_full s | "
@@ -174,17 +185,24 @@ def main(argv: list[str] | None = None) -> int:
         for size in args.families[:1] if form == "whole" else args.families:
             project, sets, folder = build(form, size, args, root)
             counters = SparkCounters(project.spark)
-            for step in range(args.repeat):
+            rounds = []  # (T_inc, jobs, rows read, the view's work, T_full, rows read by it) per round
+            for step in range(args.warmup + args.repeat):  # each round: an incremental refresh, then a full one
                 n = change(form, project, sets, folder, args.changed, step)
                 result, t_inc, jobs, rows, _, _ = counters.measure(
                     lambda p=project: p.refresh(["nest"], mode="incremental"))
-            [work] = result.views
-            _, t_full, _, rows_full, _, _ = counters.measure(lambda p=project: p.backfill(["nest"], full=True))
+                _, t_full, _, rows_full, _, _ = counters.measure(lambda p=project: p.backfill(["nest"], full=True))
+                if step >= args.warmup:
+                    rounds.append((t_inc, jobs, rows, result.views[0], t_full, rows_full))
+            # the median round by T_inc (its jobs, rows and maintain time), the median T_full
+            t_inc, jobs, rows, work, _, _ = sorted(rounds, key=lambda r: r[0])[(len(rounds) - 1) // 2]
+            fulls = sorted(rounds, key=lambda r: r[4])
+            t_full, rows_full = fulls[(len(fulls) - 1) // 2][4:]
             detail = ", ".join(f"{v}" for v in work.detail.values()) or "—"
             label = {"value": "by value", "whole": "by value, whole sets (view reads size(n))",
                      "reference": "by reference"}[form]
-            lines.append(f"| {label} | {size} | {len(sets)} | {n} | {t_inc:.2f} | {work.seconds:.2f} | {t_full:.2f} | "
-                         f"{t_inc / t_full:.3f} | {work.rows_changed} | {detail} | {jobs} | {rows}/{rows_full} |")
+            lines.append(f"| {label} | {size} | {len(sets)} | {n} | {_ranged([r[0] for r in rounds])} | "
+                         f"{work.seconds:.2f} | {_ranged([r[4] for r in rounds])} | {t_inc / t_full:.3f} | "
+                         f"{work.rows_changed} | {detail} | {jobs} | {rows}/{rows_full} |")
             print(lines[-1], flush=True)
             project.close()
     out = Path(args.out)
