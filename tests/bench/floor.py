@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import statistics
 import sys
 import threading
 import time
@@ -189,12 +188,12 @@ def main(argv: list[str] | None = None) -> int:
                 times[way].append(took)
             print(f"round {i}{' (warm-up)' if i < args.warmup else ''}: {way} {took:.2f} s", flush=True)
     spark.conf.set(ADAPTIVE, "true")
-    med = {way: statistics.median(t) for way, t in times.items()}
+    med = {way: run.lower_median(t) for way, t in times.items()}
     lines = [f"# The floor of a refresh: {args.view} at SF {args.sf:g}, Δ {args.delta:.2%} (tests/bench/floor.py)", "",
              *[f"- {m}" for m in run.machine()], f"- {args.warmup} warm-up rounds of each way, then {args.rounds} "
              "measured, alternating", ""]
     for way, t in times.items():
-        lines.append(f"- {way}: median {med[way]:.2f} s ({min(t):.2f}-{max(t):.2f}); every round: "
+        lines.append(f"- {way}: median {run.ranged(t)} s; every round: "
                      + ", ".join(f"{x:.2f}" for x in t))
     lines.append(f"- ratio of the medians: **{med['incremental'] / med['full']:.3f}**")
     ok = floor.check()

@@ -42,7 +42,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "bench"))
 
-from run import DRIVER_MEMORY, SparkCounters, machine  # noqa: E402
+from run import DRIVER_MEMORY, SparkCounters, machine, ranged  # noqa: E402
 
 ELEMENT = pa.struct([("b", pa.int32()), ("c", pa.int32())])
 TABLES = {
@@ -146,13 +146,6 @@ def change(form: str, project, sets, folder: Path, changed: int, step: int) -> i
     return project.append("nset", path).rows
 
 
-def _ranged(times: list[float]) -> str:
-    """The median of ``times``, with their range when there are several."""
-    ordered = sorted(times)
-    mid = ordered[(len(ordered) - 1) // 2]
-    return f"{mid:.2f}" if len(ordered) < 2 else f"{mid:.2f} ({ordered[0]:.2f}–{ordered[-1]:.2f})"
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--elements", type=int, default=200_000, help="nested elements in all (002 §5.1: 200,000)")
@@ -200,8 +193,8 @@ def main(argv: list[str] | None = None) -> int:
             detail = ", ".join(f"{v}" for v in work.detail.values()) or "—"
             label = {"value": "by value", "whole": "by value, whole sets (view reads size(n))",
                      "reference": "by reference"}[form]
-            lines.append(f"| {label} | {size} | {len(sets)} | {n} | {_ranged([r[0] for r in rounds])} | "
-                         f"{work.seconds:.2f} | {_ranged([r[4] for r in rounds])} | {t_inc / t_full:.3f} | "
+            lines.append(f"| {label} | {size} | {len(sets)} | {n} | {ranged([r[0] for r in rounds])} | "
+                         f"{work.seconds:.2f} | {ranged([r[4] for r in rounds])} | {t_inc / t_full:.3f} | "
                          f"{work.rows_changed} | {detail} | {jobs} | {rows}/{rows_full} |")
             print(lines[-1], flush=True)
             project.close()

@@ -82,11 +82,21 @@ def median_of(figures: list[Figure]) -> Figure:
     return replace(ordered[(len(ordered) - 1) // 2], times=[f.seconds for f in figures])
 
 
+def lower_median(times: list[float]) -> float:
+    """The median of ``times``: the lower middle of an even count (a measured time, as `median_of`)."""
+    return sorted(times)[(len(times) - 1) // 2]
+
+
+def ranged(times: list[float]) -> str:
+    """The median of ``times``, with their range when there are several."""
+    if len(times) < 2:
+        return f"{times[0]:.2f}"
+    return f"{lower_median(times):.2f} ({min(times):.2f}–{max(times):.2f})"
+
+
 def timed(f: Figure) -> str:
     """A figure's time: the median, with the range of the measurements when there are several."""
-    if not f.times or len(f.times) < 2:
-        return f"{f.seconds:.2f}"
-    return f"{f.seconds:.2f} ({min(f.times):.2f}–{max(f.times):.2f})"
+    return ranged(f.times or [f.seconds])
 
 
 class SparkCounters:
