@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
                 times[way].append(took)
             print(f"round {i}{' (warm-up)' if i < args.warmup else ''}: {way} {took:.2f} s", flush=True)
     spark.conf.set(ADAPTIVE, "true")
-    med = {way: run.lower_median(t) for way, t in times.items()}
+    med = {way: run.lower_middle(t) for way, t in times.items()}
     lines = [f"# The floor of a refresh: {args.view} at SF {args.sf:g}, Δ {args.delta:.2%} (tests/bench/floor.py)", "",
              *[f"- {m}" for m in run.machine()], f"- {args.warmup} warm-up rounds of each way, then {args.rounds} "
              "measured, alternating", ""]

@@ -42,7 +42,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "bench"))
 
-from run import DRIVER_MEMORY, SparkCounters, machine, ranged  # noqa: E402
+from run import DRIVER_MEMORY, SparkCounters, lower_middle, machine, ranged  # noqa: E402
 
 ELEMENT = pa.struct([("b", pa.int32()), ("c", pa.int32())])
 TABLES = {
@@ -187,9 +187,8 @@ def main(argv: list[str] | None = None) -> int:
                 if step >= args.warmup:
                     rounds.append((t_inc, jobs, rows, result.views[0], t_full, rows_full))
             # the median round by T_inc (its jobs, rows and maintain time), the median T_full
-            t_inc, jobs, rows, work, _, _ = sorted(rounds, key=lambda r: r[0])[(len(rounds) - 1) // 2]
-            fulls = sorted(rounds, key=lambda r: r[4])
-            t_full, rows_full = fulls[(len(fulls) - 1) // 2][4:]
+            t_inc, jobs, rows, work, _, _ = lower_middle(rounds, key=lambda r: r[0])
+            t_full, rows_full = lower_middle(rounds, key=lambda r: r[4])[4:]
             detail = ", ".join(f"{v}" for v in work.detail.values()) or "—"
             label = {"value": "by value", "whole": "by value, whole sets (view reads size(n))",
                      "reference": "by reference"}[form]

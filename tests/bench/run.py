@@ -75,23 +75,22 @@ class Figure:
     times: list[float] | None = None  # every measurement of the figure (seconds), in order; it reports their median
 
 
+def lower_middle(items: list, key=None):
+    """The median item of ``items`` by ``key``: the lower middle of an even count (always one measured)."""
+    return sorted(items, key=key)[(len(items) - 1) // 2]
+
+
 def median_of(figures: list[Figure]) -> Figure:
-    """The measurement of median time among repeated ones (the lower middle of an even count), with every
-    measurement's time: its jobs, rows and bytes are that refresh's own."""
-    ordered = sorted(figures, key=lambda f: f.seconds)
-    return replace(ordered[(len(ordered) - 1) // 2], times=[f.seconds for f in figures])
-
-
-def lower_median(times: list[float]) -> float:
-    """The median of ``times``: the lower middle of an even count (a measured time, as `median_of`)."""
-    return sorted(times)[(len(times) - 1) // 2]
+    """The measurement of median time among repeated ones, with every measurement's time: its jobs, rows
+    and bytes are that refresh's own."""
+    return replace(lower_middle(figures, key=lambda f: f.seconds), times=[f.seconds for f in figures])
 
 
 def ranged(times: list[float]) -> str:
     """The median of ``times``, with their range when there are several."""
     if len(times) < 2:
         return f"{times[0]:.2f}"
-    return f"{lower_median(times):.2f} ({min(times):.2f}–{max(times):.2f})"
+    return f"{lower_middle(times):.2f} ({min(times):.2f}–{max(times):.2f})"
 
 
 def timed(f: Figure) -> str:
