@@ -4,7 +4,7 @@
                                  [--from-version N] [--sample N]
 
 Spark comes from spark-submit (master, conf) and starts when the stage first needs it (plan, publish and
-report never do); the stage itself is ivm.orchestration.stages.run_stage.
+report never do); the stage itself is ivm.refresh.stages.run_stage.
 Exit code 0 on success, the error's code with a one-line reason otherwise.
 """
 
@@ -17,17 +17,17 @@ import time
 
 from ivm.cli import configure_logging
 from ivm.errors import IvmError
-from ivm.orchestration.stages import STAGES, run_stage
-from ivm.refresh import MODES
+from ivm.modes import Mode
+from ivm.refresh.stages import STAGE_NAMES, StageArgs, run_stage
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="ivm_stage.py", description="Run one stage of an ivm run.")
-    ap.add_argument("stage", choices=STAGES)
+    ap.add_argument("stage", choices=STAGE_NAMES)
     ap.add_argument("--run-id", required=True, help="the ivm run (the same for every stage of it)")
     ap.add_argument("--project", help="the project file (default: $IVM_PROJECT, else ./ivm.yaml)")
     ap.add_argument("--views", default="", help="comma-separated views: what plan refreshes, what maintain maintains")
-    ap.add_argument("--mode", default="auto", choices=MODES)
+    ap.add_argument("--mode", default=Mode.AUTO, choices=[str(m) for m in Mode.asked()])
     ap.add_argument("--kind", default="refresh", choices=["refresh", "backfill"])
     ap.add_argument("--from-version", default="", help="plan a replay from this commit version (empty: none)")
     ap.add_argument("--sample", default="", help="validate: keys per view to recompute (empty: each view's own)")
@@ -52,9 +52,10 @@ def main(argv: list[str] | None = None) -> int:
 
     project = Project.open(args.project, start_spark=start_spark)
     try:
-        run_stage(project, args.stage, args.run_id, [v for v in args.views.split(",") if v], args.mode, args.kind,
-                  int(args.from_version) if args.from_version.strip() else None,
-                  int(args.sample) if args.sample.strip() else None)
+        run_stage(project.ctx, args.stage, StageArgs(
+            args.run_id, tuple(v for v in args.views.split(",") if v), Mode(args.mode), args.kind,
+            int(args.from_version) if args.from_version.strip() else None,
+            int(args.sample) if args.sample.strip() else None))
     except IvmError as e:
         print(f"ivm_stage: error: {e}", file=sys.stderr)
         return e.exit_code

@@ -14,6 +14,7 @@ expressions (UNION, INTERSECT; 003 §8) are analysed per expression.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from sqlglot import exp
 
@@ -23,13 +24,20 @@ OPERATIONS = ("insert", "delete", "update")
 SUBQUERY = ("exists", "in")
 
 
+class Decision(StrEnum):
+    """What key-based maintenance does with one operation on one table reference (003 §5.4)."""
+
+    INCREMENTAL = "incremental"
+    REMATERIALIZE = "rematerialize"
+
+
 @dataclass
 class Reference:
     """One table reference and, per operation, whether key-based maintenance keeps it incremental."""
 
     table: str
     context: str  # top-level | exists | in | not exists
-    decisions: dict[str, tuple[str, str]] = field(default_factory=dict)  # op -> (incremental|rematerialize, why)
+    decisions: dict[str, tuple[Decision, str]] = field(default_factory=dict)  # op -> (incremental|rematerialize, why)
 
 
 @dataclass
@@ -42,18 +50,19 @@ class KeyAnalysis:
     bound: list[str] = field(default_factory=list)
     references: list[Reference] = field(default_factory=list)
 
-    def table(self) -> list[tuple[str, str, str, str]]:
+    def table(self) -> list[tuple[str, str, Decision, str]]:
         """(table, operation, decision, reason), one row per base table and operation: an operation
         is incremental only if it is for every reference to the table."""
         rows = []
         for table in dict.fromkeys(r.table for r in self.references):
             refs = [r for r in self.references if r.table == table]
             for op in OPERATIONS:
-                bad = [(r, r.decisions[op][1]) for r in refs if r.decisions[op][0] == "rematerialize"]
+                bad = [(r, r.decisions[op][1]) for r in refs if r.decisions[op][0] is Decision.REMATERIALIZE]
                 if bad:
-                    rows.append((table, op, "rematerialize", "; ".join(dict.fromkeys(why for _, why in bad))))
+                    rows.append((table, op, Decision.REMATERIALIZE, "; ".join(dict.fromkeys(why for _, why in bad))))
                 else:
-                    rows.append((table, op, "incremental", "; ".join(dict.fromkeys(r.decisions[op][1] for r in refs))))
+                    why = "; ".join(dict.fromkeys(r.decisions[op][1] for r in refs))
+                    rows.append((table, op, Decision.INCREMENTAL, why))
         return rows
 
 
@@ -130,15 +139,16 @@ def _analyse_rule(program: Program, rule: Rule, result: KeyAnalysis) -> None:
         key = _keys_bound(program, atom.pred, atom.args, bound, whole[i])
         if program.predicates[atom.pred].kind != "base":
             why = f"{_label(program, atom.pred)} has no declared key (key-based maintenance needs base tables)"
-            ref.decisions = {"insert": ("incremental", "inserts are checked against the view (\"not in V\")"),
-                             "delete": ("rematerialize", why), "update": ("rematerialize", why)}
+            ref.decisions = {"insert": (Decision.INCREMENTAL, "inserts are checked against the view (\"not in V\")"),
+                             "delete": (Decision.REMATERIALIZE, why), "update": (Decision.REMATERIALIZE, why)}
         elif key is not None:  # 003 Definition 5.4 and Theorems 5.5-5.7
             ok = f"safe: the bound columns include the key ({', '.join(key)}) (003 Def. 5.4)"
-            ref.decisions = {op: ("incremental", ok) for op in OPERATIONS}
+            ref.decisions = {op: (Decision.INCREMENTAL, ok) for op in OPERATIONS}
         else:
             why = "unsafe: " + _missing_key(program, atom.pred)
-            ref.decisions = {"insert": ("incremental", "inserts are checked against the view (\"not in V\", 003 §5.4)"),
-                             "delete": ("rematerialize", why), "update": ("rematerialize", why)}
+            ref.decisions = {"insert": (Decision.INCREMENTAL,
+                                        "inserts are checked against the view (\"not in V\", 003 §5.4)"),
+                             "delete": (Decision.REMATERIALIZE, why), "update": (Decision.REMATERIALIZE, why)}
         result.references.append(ref)
     if not all(_keys_bound(program, a.pred, a.args, bound, whole[i]) for i, a in enumerate(top)):
         result.may_have_duplicates = True  # 003 Theorem 5.3 does not apply
@@ -172,24 +182,25 @@ def _analyse_nested(program: Program, lit: Literal, outer_bound: set[str], resul
             keyed = f"the correlated bound columns include the key ({', '.join(key)})" if key else ""
             if not lit.negated:  # 003 Definition 6.3, Theorems 6.4-6.6
                 if key:
-                    ref.decisions = {op: ("incremental", f"safe in EXISTS/IN: {keyed} (003 Def. 6.3)")
+                    ref.decisions = {op: (Decision.INCREMENTAL, f"safe in EXISTS/IN: {keyed} (003 Def. 6.3)")
                                      for op in OPERATIONS}
                 else:
                     why = _missing_key(program, atom.pred).replace("bound columns", "correlated bound columns")
-                    ref.decisions = {"insert": ("incremental", f"unsafe in EXISTS/IN; inserts are checked against "
+                    ref.decisions = {"insert": (Decision.INCREMENTAL,
+                                                f"unsafe in EXISTS/IN; inserts are checked against "
                                                                f"the view (003 §6.2); {why}"),
-                                     "delete": ("rematerialize", why), "update": ("rematerialize", why)}
+                                     "delete": (Decision.REMATERIALIZE, why), "update": (Decision.REMATERIALIZE, why)}
             else:  # 003 Definitions 7.1 and 7.3, Theorems 7.2-7.5
                 not_i = ("not I-safe: the NOT EXISTS predicate refers to outer columns that are not bound "
                          "(003 Def. 7.1)")
-                ins = ("incremental", "I-safe (003 Def. 7.1)") if i_safe else ("rematerialize", not_i)
+                ins = (Decision.INCREMENTAL, "I-safe (003 Def. 7.1)") if i_safe else (Decision.REMATERIALIZE, not_i)
                 if i_safe and key:
-                    du = ("incremental", f"DU-safe: I-safe and {keyed} (003 Def. 7.3)")
+                    du = (Decision.INCREMENTAL, f"DU-safe: I-safe and {keyed} (003 Def. 7.3)")
                 elif i_safe:
-                    du = ("rematerialize", "not DU-safe: " + _missing_key(program, atom.pred)
+                    du = (Decision.REMATERIALIZE, "not DU-safe: " + _missing_key(program, atom.pred)
                           .replace("bound columns", "correlated bound columns"))
                 else:
-                    du = ("rematerialize", not_i)
+                    du = (Decision.REMATERIALIZE, not_i)
                 ref.decisions = {"insert": ins, "delete": du, "update": du}
             result.references.append(ref)
 
@@ -201,7 +212,8 @@ def _select_expressions(program: Program, pred: str) -> list[Rule] | str:
     for rule in program.rules_for(pred):
         if any(isinstance(i, GroupBy | SetOf) for i in rule.body):
             return "the view aggregates; 003's rules cover select-project-join views (counting maintains aggregates)"
-        if any(isinstance(i, Unnest) or (isinstance(i, Literal) and program.predicates[i.atom.pred].kind == "extraction")
+        if any(isinstance(i, Unnest)
+               or (isinstance(i, Literal) and program.predicates[i.atom.pred].kind == "extraction")
                for i in rule.body):
             return "the view unnests a nested collection; 003 covers flat tables (002's extraction maintains it)"
         sides = [i for i in rule.body if isinstance(i, Literal) and program.predicates[i.atom.pred].role == "setop"]

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from tabulate import tabulate
 
 from ivm.errors import IvmError
+from ivm.modes import Mode
 
 log = logging.getLogger("ivm")
 
@@ -196,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("refresh", parents=[common], help="bring tables and views to the newest snapshot")
     p.add_argument("views", nargs="*", metavar="VIEW", help="only these views and what they read (default: all)")
-    p.add_argument("--mode", choices=["auto", "incremental", "full"], default="auto",
+    p.add_argument("--mode", choices=[str(m) for m in Mode.asked()], default=str(Mode.AUTO),
                    help="auto: per view, what the analysis allows (default); full: recompute every view; "
                         "incremental: refuse to recompute")
     p.set_defaults(func=cmd_refresh)

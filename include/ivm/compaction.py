@@ -18,11 +18,10 @@ from typing import TYPE_CHECKING
 
 from ivm.catalog.store import PublishChange, RelationState, StageRecord
 from ivm.config import StorageSettings
-from ivm.errors import one_line
 from ivm.storage import new_id
 
 if TYPE_CHECKING:
-    from ivm.project import Project
+    from ivm.context import RunContext
 
 log = logging.getLogger(__name__)
 
@@ -44,33 +43,31 @@ def needs_compaction(state: RelationState, settings: StorageSettings) -> bool:
     base_bytes = state.base.bytes if state.base and state.base.bytes else 0
     delta_bytes = sum(d.bytes or 0 for d in deltas)
     # the size rule waits for a few MiB of deltas: below that, extra layers cost less than rewriting
-    return delta_bytes >= settings.compact_min_delta_mb * 2**20 and delta_bytes > settings.compact_delta_ratio * base_bytes
+    return (delta_bytes >= settings.compact_min_delta_mb * 2**20
+            and delta_bytes > settings.compact_delta_ratio * base_bytes)
 
 
-def compact(project: Project, relations: Iterable[str], force: bool = False,
+def compact(ctx: RunContext, relations: Iterable[str], force: bool = False,
             progress: Callable[[str], None] = lambda _: None) -> list[Compaction]:
     """Compact the given relations that passed the threshold (all with layers if ``force``)."""
-    catalog, settings = project.catalog, project.config.storage
+    catalog, settings = ctx.catalog, ctx.config.storage
     states = [catalog.state(r) for r in relations]
     todo = [s for s in states if (force and len(s.layers) > 1) or needs_compaction(s, settings)]
     if not todo:
         return []
     run_id = new_id("compact-")
     names = [s.name for s in todo]
-    catalog.start_run(run_id, "compact", relations=names)
-    catalog.acquire_leases(run_id, names, project.lease_timeout)
     done: list[Compaction] = []
-    try:
+    with catalog.run(run_id, "compact", relations=names, leases=names, lease_timeout=ctx.lease_timeout):
         changes, stages = [], []
         for state in todo:
             started = time.perf_counter()
-            schema = project.schema(state.name)
-            zset = project.warehouse.read_consolidated(project.spark, state.layers, schema,
-                                                       project.cluster_columns(state.name))
+            schema = ctx.schema(state.name)
+            zset = ctx.warehouse.read_consolidated(ctx.spark, state.layers, schema, ctx.cluster_columns(state.name))
             size = sum(x.bytes or 0 for x in state.layers)
-            written = project.warehouse.write_layer(
-                zset, state.name, "base", cluster_by=project.cluster_columns(state.name),
-                files=project.warehouse.files_for(size, settings.target_file_mb), run_id=run_id)
+            written = ctx.warehouse.write_layer(
+                zset, state.name, "base", cluster_by=ctx.cluster_columns(state.name),
+                files=ctx.warehouse.files_for(size, settings.target_file_mb), run_id=run_id)
             changes.append(PublishChange(state.name, state.version_id, [written], replace=True))
             seconds = time.perf_counter() - started
             stages.append(StageRecord("compact", state.name, rows_in=sum(x.rows or 0 for x in state.layers),
@@ -78,9 +75,6 @@ def compact(project: Project, relations: Iterable[str], force: bool = False,
                                       detail={"layers_before": len(state.layers)}))
             done.append(Compaction(state.name, len(state.layers), written.rows, seconds))
         catalog.publish(run_id, changes, {}, stages)
-    except BaseException as e:
-        catalog.finish_run(run_id, "failed", one_line(e))
-        raise
     for c in done:
         progress(f"compact: {c.relation}: {c.layers_before} layers -> 1 base layer of {c.rows} rows "
                  f"({c.seconds:.2f} s)")

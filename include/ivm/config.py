@@ -19,6 +19,7 @@ from sqlglot import exp
 from sqlglot.errors import ParseError
 
 from ivm.errors import ConfigError
+from ivm.modes import Mode
 
 PROJECT_ENV = "IVM_PROJECT"
 DEFAULT_PROJECT = "ivm.yaml"
@@ -230,7 +231,7 @@ class ViewConfig(_Model):
     #: columns that identify a row of the view: validation expects them not null and unique, and
     #: samples by them (default: the GROUP BY columns, else all columns)
     key: list[str] | None = None
-    mode: Literal["auto", "incremental", "full"] = "auto"
+    mode: Mode = Mode.AUTO
     crossover: CrossoverSettings = Field(default_factory=CrossoverSettings)
     #: how a set-semantics projection view is maintained: counting (000, derivation counts), keyed (003's
     #: derived rules) or reduce (004); unset: chosen per run by a cost model (ivm.maintain.strategy)
@@ -245,6 +246,13 @@ class ViewConfig(_Model):
     source: str | None = None
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @field_validator("mode")
+    @classmethod
+    def _asked_mode(cls, mode: Mode) -> Mode:
+        if mode not in Mode.asked():
+            raise ValueError(f"mode must be one of {', '.join(Mode.asked())}")
+        return mode
 
     @model_validator(mode="after")
     def _one_language(self) -> ViewConfig:
@@ -294,8 +302,8 @@ class ProjectConfig(_Model):
                 if ref_col not in referenced.columns:
                     raise ValueError(f"tables.{tname}.references.{col}: table {ref_table!r} has no column {ref_col!r}")
                 if [ref_col] != list(referenced.key or []) and [ref_col] not in referenced.unique:
-                    raise ValueError(f"tables.{tname}.references.{col}: {target} is not a key of {ref_table} (a foreign "
-                                     "key references the table's key or a unique column)")
+                    raise ValueError(f"tables.{tname}.references.{col}: {target} is not a key of {ref_table} "
+                                     "(a foreign key references the table's key or a unique column)")
                 if referenced.columns[ref_col] != table.columns[col]:
                     raise ValueError(f"tables.{tname}.references.{col}: the column is {table.columns[col]} but "
                                      f"{target} is {referenced.columns[ref_col]}")
@@ -396,8 +404,8 @@ def interpolate(text: str, source: str) -> str:
             return os.environ[name]
         if default is None:
             line = text.count("\n", 0, m.start()) + 1
-            raise ConfigError(f"{source}: line {line}: environment variable {name} is not set (write ${{{name}:-default}} "
-                              "for a default)")
+            raise ConfigError(f"{source}: line {line}: environment variable {name} is not set "
+                              f"(write ${{{name}:-default}} for a default)")
         return default
 
     return _ENV_REFERENCE.sub(value, text)

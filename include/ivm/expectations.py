@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SITE = "ivm"
+#: the comparison frame's count columns: the view's state, and the recomputation (ivm.validate)
+STAGED, EXPECTED = "__staged", "__expected"
 #: the kwargs of an expectation that name columns
 COLUMN_ARGS = ("column", "column_A", "column_B")
 COLUMN_LIST_ARGS = ("column_list",)
@@ -85,15 +87,11 @@ def held():
     """The rows of the comparison the view's state holds (the others are rows only the recomputation has)."""
     from great_expectations.expectations.row_conditions import Column
 
-    from ivm.validate import STAGED
-
     return Column(STAGED) != 0
 
 
 def suite_expectations(view: str, columns: list[str], key: list[str] | None, user: list[dict[str, Any]]) -> list:
     import great_expectations.expectations as gxe
-
-    from ivm.validate import EXPECTED, STAGED
 
     out = [gxe.ExpectColumnPairValuesToBeEqual(column_A=STAGED, column_B=EXPECTED,
                                                description="the view's state equals its recomputation"),

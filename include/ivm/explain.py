@@ -7,6 +7,7 @@ auxiliary predicates included), so a reader can follow each maintenance step in 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from tabulate import tabulate
@@ -14,14 +15,18 @@ from tabulate import tabulate
 from ivm.analysis import analyse
 from ivm.config import ProjectConfig
 from ivm.ir import Literal, Program, SetOf
-from ivm.maintain import cream, nested, reduce
+from ivm.lang.auxiliary_views import ROLE, case1, set_changes_known
+from ivm.lang.nested import EXTRACTION, INDEX, extractions, nested_column, source_relation
+from ivm.maintain import cream, reduce
 from ivm.maintain.counting import ephemeral, groupby_subgoals, view_predicates
 from ivm.maintain.delta_rules import delta_rules
 from ivm.maintain.dred import dred_rules
 from ivm.maintain.groupby import describe
 from ivm.maintain.keyed import derived_rules
 from ivm.maintain.references import shortcuts
-from ivm.maintain.strategy import Choice
+from ivm.maintain.strategy import KEYED, REDUCE, Choice, Strategy, lookup
+from ivm.modes import Mode
+from ivm.refresh.plan import RULES
 from ivm.stratify import Component, Strata
 
 
@@ -128,12 +133,12 @@ def explain(program: Program, strata: Strata, config: ProjectConfig, view: str,
     pred = program.predicates[view]
     upstream = strata.upstream(view)
     own = sorted(p for p, d in program.predicates.items() if d.kind == "aux" and d.owner == view)
-    rule_preds = [view, *own, *nested.extractions(program, upstream)]  # with 002's extraction rewrite
+    rule_preds = [view, *own, *extractions(program, upstream)]  # with 002's extraction rewrite
     component = next(c for c in strata.components if view in c.predicates)
     components = recursive_components(strata, view_predicates(program, strata, view))
     algorithm, reasons = choose(program, strata, config, view)
-    if choice is not None and choice.strategy != "counting" and config.views[view].mode != "full":
-        algorithm, reasons = _count_free(program, config, view, choice.strategy)
+    if choice is not None and lookup(choice.strategy).count_free and config.views[view].mode is not Mode.FULL:
+        algorithm, reasons = _COUNT_FREE_STEPS[lookup(choice.strategy)](program, config, view)
     else:
         reasons += [f"{p}: not stored (ephemeral): its one reader is a GROUP BY whose aggregates are all "
                     f"maintained from Δ{p} and the stored state (000 §6.2), so Δ{p} enters the state's delta "
@@ -167,10 +172,9 @@ def explain(program: Program, strata: Strata, config: ProjectConfig, view: str,
     )
 
 
-def _count_free(program: Program, config: ProjectConfig, view: str, strategy: str) -> tuple[str, list[str]]:
-    """The algorithm and its steps for a view stored without counts."""
-    if strategy == "keyed":
-        return "key-based (003)", [
+def _keyed_steps(program: Program, config: ProjectConfig, view: str) -> tuple[str, list[str]]:
+    """Key-based maintenance (003) of a view stored without counts: the algorithm and its steps."""
+    return "key-based (003)", [
             "the view is stored without counts; each refresh computes the tuples leaving it from the deleted "
             "tuples (other tables at their old state) and the tuples entering it from the inserted ones (new "
             "state), deletes before inserts, inserts only of tuples not in the view (003 §5.4, §9)",
@@ -179,6 +183,10 @@ def _count_free(program: Program, config: ProjectConfig, view: str, strategy: st
             "(003 §8)",
             "an operation the analysis below marks rematerialize recomputes the view when a run's delta holds "
             "it (the rematerialization rule); its difference from the stored view is the delta"]
+
+
+def _reduce_steps(program: Program, config: ProjectConfig, view: str) -> tuple[str, list[str]]:
+    """The reducing algorithms (004) on a view stored without counts: the algorithm and its steps."""
     cfg = config.views[view].reduce
     s = reduce.shape(program, view)
     head = set(s.head_vars) if not isinstance(s, str) else set()
@@ -199,9 +207,14 @@ def _count_free(program: Program, config: ProjectConfig, view: str, strategy: st
     return f"REDUCE family (004): {cfg.algorithm}, {cfg.multiple_updates}", out
 
 
+#: what ``ivm explain`` says of each count-free strategy (ivm.maintain.strategy.REGISTRY)
+_COUNT_FREE_STEPS: dict[Strategy, Callable[[Program, ProjectConfig, str], tuple[str, list[str]]]] = {
+    KEYED: _keyed_steps, REDUCE: _reduce_steps}
+
+
 def choose(program: Program, strata: Strata, config: ProjectConfig, view: str) -> tuple[str, list[str]]:
     """The algorithm that maintains ``view`` and why (DESIGN.md §5)."""
-    if config.views[view].mode == "full":
+    if config.views[view].mode is Mode.FULL:
         return "full recompute", ["the view is configured with mode: full: every refresh that changes an input "
                                   "recomputes it from the new snapshot"]
     preds = view_predicates(program, strata, view)
@@ -218,9 +231,9 @@ def choose(program: Program, strata: Strata, config: ProjectConfig, view: str) -
                        + "maintained by the counting algorithm (000 Algorithm 4.1): the delta rules below, new states "
                        "before the Δ subgoal and old ones after it; each stored tuple keeps its number of "
                        "derivations in __count, so deletions need no rederivation")
-    reasons += nested.describe(program, config, view, strata.upstream(view))
-    reasons.append("a full recompute happens only on the first materialization, after the definition changes, with "
-                   "--mode full, or when a view it reads was recomputed in the same run")
+    reasons += describe_nested(program, config, view, strata.upstream(view))
+    # the planner's own rules (ivm.refresh.plan.RULES), so this cannot drift from what it does
+    reasons.append("a full recompute happens only when " + "; or ".join(rule.when for rule in RULES))
     sets = [p for p in preds if program.predicates[p].semantics == "set"]
     if sets:
         reasons.append(f"set semantics ({', '.join(sets)}): derivation counts are kept, but only changes of the "
@@ -237,14 +250,14 @@ def choose(program: Program, strata: Strata, config: ProjectConfig, view: str) -
         for item in r.body:
             if not isinstance(item, SetOf):
                 continue
-            if program.predicates[item.atom.pred].role == cream.ROLE:
+            if program.predicates[item.atom.pred].role == ROLE:
                 reasons.append(f"{item}: CReaM (001 Figure 1): the auxiliary view {item.atom.pred} keeps every "
                                "variable of φ, Δ1–Δ6 maintain it from φ⁺/φ⁻ alone, and the view counts its "
                                "derivations from v_a⁺/v_a⁻")
-            elif cream.case1(program, r, item):
+            elif case1(program, r, item):
                 reasons.append(f"{item}: 001 §3 Case 1: the view holds every outer variable, so it is its own v_a; "
                                "Δ1–Δ6 over its stored sets and φ's set changes")
-            elif cream.set_changes_known(program, item):
+            elif set_changes_known(program, item):
                 reasons.append(f"{item}: Δ1–Δ6 (001 §3) over {item.atom.pred}, which serves as v_a")
             else:
                 reasons.append(f"{item}: no auxiliary view (auxiliary_views: false): each touched group's set is "
@@ -263,3 +276,33 @@ def _key_based(program: Program, view: str) -> dict:
             "bound_columns": a.bound,
             "operations": [{"table": t, "operation": op, "decision": d, "reason": why}
                            for t, op, d, why in a.table()]}
+
+
+def describe_nested(program: Program, config: ProjectConfig, view: str, upstream: set[str]) -> list[str]:
+    """`ivm explain`'s lines on nested data: each extraction function with its definition and the log
+    its delta comes from, each owner index, each collection log."""
+    lines = []
+    for e in extractions(program, upstream):
+        [rule] = program.rules_for(e)
+        source = source_relation(program, e)
+        table = source
+        while program.predicates[table].kind == EXTRACTION:
+            table = source_relation(program, table)
+        lines.append(f"extraction {e}({', '.join(program.predicates[e].columns)}) := "
+                     f"{rule.body[0]}, {rule.body[1]}  (002 §2.2 e_S; not stored)")
+        lines.append(f"  Δ{e}: the net delta of {source}"
+                     f"{'' if source == table else f' (from the log of {table})'}, extracted, projected onto "
+                     f"its columns and consolidated: only elements that changed (element-level multiset "
+                     f"difference of each updated row's arrays)")
+    for t in sorted(u for u in upstream if u in config.tables):
+        for col, ref in config.tables[t].nested.items():
+            if ref.collection in upstream:
+                lines.append(f"collection {t}.{col} -> {ref.collection} (by reference, id {ref.id}): the log of "
+                             f"{ref.collection} is the nested descriptor's log of every {ref.collection} "
+                             f"collection (002 §4.1)")
+    owned = sorted(p for p, d in program.predicates.items() if d.role == INDEX and d.owner == view)
+    for idx in owned:
+        lines.append(f"owner index {idx}: the rows of {source_relation(program, idx)} clustered by "
+                     f"{nested_column(program, idx)}; maintained from {source_relation(program, idx)}'s log in "
+                     f"every refresh, probed with the changed collection ids (002 §4.2, §4.3 step 2-1)")
+    return lines

@@ -16,7 +16,7 @@ from ivm.catalog.models import utcnow
 from ivm.catalog.store import aware
 
 if TYPE_CHECKING:
-    from ivm.project import Project
+    from ivm.context import RunContext
 
 log = logging.getLogger(__name__)
 
@@ -33,9 +33,9 @@ class GcResult:
                 f"folders and {self.segments} absorbed log segments")
 
 
-def collect(project: Project, now: datetime | None = None) -> GcResult:
-    catalog, warehouse = project.catalog, project.warehouse
-    cutoff = (now or utcnow()) - timedelta(hours=project.config.storage.retention_hours)
+def collect(ctx: RunContext, now: datetime | None = None) -> GcResult:
+    catalog, warehouse = ctx.catalog, ctx.warehouse
+    cutoff = (now or utcnow()) - timedelta(hours=ctx.config.storage.retention_hours)
     versions = catalog.expired_versions(cutoff)
     layers = catalog.drop_versions(versions)
     for layer in layers:

@@ -270,7 +270,32 @@ class Program:
     def rules_for(self, pred: str) -> list[Rule]:
         return [r for r in self.rules if r.head.pred == pred]
 
+    def copy(self) -> Program:
+        """A program a compile-time pass may change without changing this one (predicates and rules
+        are values: the pass replaces them, never edits them)."""
+        return Program(dict(self.predicates), list(self.rules))
+
     def owner(self, pred: str) -> str:
         """The view a predicate belongs to (a view owns itself)."""
         p = self.predicates[pred]
         return p.owner or p.name
+
+
+#: aggregates kept from per-group sums (000 §6.2), and those kept per (group, value) under DISTINCT
+VARIANCES = {"var_samp", "var_pop", "variance", "stddev", "stddev_samp", "stddev_pop", "std"}
+DISTINCT_OK = {"count", "sum", "avg"}
+
+
+def aggregate_kind(a: Aggregate) -> str:
+    """How an aggregate is maintained: star, count, sum, avg, variance, min, max, distinct, recompute."""
+    if a.template is not None:
+        return "recompute"
+    if a.func == "count" and a.arg is None:
+        return "star"
+    if a.distinct and a.func in DISTINCT_OK:
+        return "distinct"
+    if a.func in ("count", "sum", "avg", "min", "max"):
+        return a.func
+    if a.func in VARIANCES:
+        return "variance"
+    return "recompute"

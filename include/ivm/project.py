@@ -4,28 +4,24 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from datetime import timedelta
-from functools import cached_property
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
-from ivm import compaction, explain, gc, refresh
-from ivm.aggregates import register as register_aggregates
+from ivm import compaction, explain, gc
 from ivm.catalog import Catalog
 from ivm.catalog.models import Run
 from ivm.changes import ingest
-from ivm.changes.reader import table_schema
 from ivm.config import ProjectConfig, TableConfig, load_project
-from ivm.errors import ConfigError, NotFoundError, one_line
+from ivm.context import RunContext
+from ivm.errors import ConfigError, NotFoundError
 from ivm.ir import Program
-from ivm.lang import compile_project
-from ivm.maintain import counting, strategy
-from ivm.maintain.groupby import GroupByState
-from ivm.maintain.recompute import Evaluator, as_used
-from ivm.spark import session
+from ivm.maintain import strategy
+from ivm.maintain.recompute import as_used
+from ivm.modes import Mode
+from ivm.refresh import RefreshResult, refresh
 from ivm.storage import Warehouse, new_id
-from ivm.stratify import Strata, stratify
+from ivm.stratify import Strata
 from ivm.validate import ViewCheck, ViewState, check_views
 from ivm.zset import expand
 
@@ -35,15 +31,12 @@ Progress = Callable[[str], None]
 
 
 class Project:
-    """A project file, its catalog and its warehouse. Spark starts on first use."""
+    """A project file, its catalog and its warehouse: the public face over a `RunContext`, which the
+    stages, validation, compaction and garbage collection take. Spark starts on first use."""
 
     def __init__(self, config: ProjectConfig, catalog: Catalog | None = None,
                  start_spark: Callable[[], SparkSession] | None = None):
-        self.config = config
-        self.catalog = catalog or Catalog.open(config.catalog_url)
-        self.warehouse = Warehouse(config.warehouse_uri)
-        self.warehouse.ensure()
-        self._start_spark = start_spark
+        self.ctx = RunContext(config, catalog, start_spark)
 
     @classmethod
     def open(cls, path: str | None = None, start_spark: Callable[[], SparkSession] | None = None) -> Project:
@@ -52,86 +45,39 @@ class Project:
         project's ``spark:`` settings (`ivm.spark.session`)."""
         return cls(load_project(path), start_spark=start_spark)
 
-    @cached_property
-    def spark(self) -> SparkSession:
-        spark = self._start_spark() if self._start_spark is not None else session(self.config.spark)
-        register_aggregates(spark, self.config.aggregates)
-        return spark
-
-    @cached_property
-    def program(self) -> tuple[Program, Strata]:
-        """Every view compiled into one rule program, and its strata. Raises ConfigError naming the
-        view and construct for a definition that cannot be compiled."""
-        program = compile_project(self.config)
-        return program, stratify(program)
-
-    @cached_property
-    def _plans_over_empty_tables(self) -> Evaluator:
-        """Every view's plan over empty tables, built once: Spark analyses it for types and schemas."""
-        program, strata = self.program
-        empty = {t: self.spark.createDataFrame([], self.schema(t).add("__count", "long"))
-                 for t in self.config.tables}
-        return Evaluator(program, strata, empty, plans_only=True)
+    # -- what the run context holds (ivm.context) ---------------------------------------------------
 
     @property
-    def max_iterations(self) -> dict[str, int]:
-        """Each view's limit on the rounds of a recursive fixpoint."""
-        return {name: v.max_iterations for name, v in self.config.views.items()}
+    def config(self) -> ProjectConfig:
+        return self.ctx.config
 
-    @cached_property
-    def groupby_states(self) -> dict[str, GroupByState]:
-        """The state relation of every GROUPBY subgoal (000 Algorithm 6.1), by name."""
-        program, _ = self.program
-        return counting.groupby_states(program, self._plans_over_empty_tables)
+    @property
+    def catalog(self) -> Catalog:
+        return self.ctx.catalog
 
-    @cached_property
-    def _stored_schemas(self) -> dict[str, StructType]:
-        """Columns and types of the auxiliary relations views store: auxiliary predicates, GROUPBY
-        states and distinct-value counts (from the plans over empty tables; no Spark job runs)."""
-        program, _ = self.program
-        empty = self._plans_over_empty_tables
-        out: dict[str, StructType] = {}
-        for name, st in self.groupby_states.items():
-            rows = empty.atom(st.subgoal.atom)
-            out[name] = st.schema(rows)
-            for var in st.distinct_args():
-                out[st.distinct_name(var)] = StructType([f for f in st.distinct_rows(rows, var).schema.fields
-                                                         if f.name != "__count"])
-        return out
+    @property
+    def warehouse(self) -> Warehouse:
+        return self.ctx.warehouse
+
+    @property
+    def spark(self) -> SparkSession:
+        return self.ctx.spark
+
+    @property
+    def program(self) -> tuple[Program, Strata]:
+        return self.ctx.program
+
+    def schema(self, relation: str) -> StructType:
+        return self.ctx.schema(relation)
 
     def stored_relations(self, view: str) -> list[str]:
-        """Everything maintaining ``view`` stores: the view, its auxiliary predicates, GROUPBY states."""
-        program, strata = self.program
-        if self.config.views.get(view) and self.config.views[view].strategy in strategy.COUNT_FREE:
-            return [view]  # key-based and reducing maintenance store the view alone, without counts
-        return counting.stored_relations(program, strata, view)
-
-    def choose_strategy(self, view: str, changed: dict[str, float] | None = None,
-                        current: str | None = None) -> strategy.Choice:
-        """How ``view`` is maintained in a run whose tables changed by about ``changed`` rows each
-        (default: 0.1% of every table it reads), its state being stored as ``current`` (ivm.maintain.strategy)."""
-        program, strata = self.program
-        cfg = self.config.views[view]
-        sizes = {t: sum(x.rows or 0 for x in self.catalog.state(t).layers) for t in self.base_tables(view)}
-        if changed is None or not any(changed.get(t) for t in sizes):
-            # no change to go by (`ivm explain`, a first materialization): 0.1% of every table
-            changed = {t: max(1.0, n / 1000) for t, n in sizes.items()}
-        try:
-            return strategy.choose(program, strata, view, cfg.strategy, cfg.key, sizes, changed, current)
-        except ValueError as e:
-            raise ConfigError(str(e)) from e
+        return self.ctx.stored_relations(view)
 
     def base_tables(self, view: str) -> list[str]:
-        """The tables ``view`` reads, directly or through the views below it, sorted."""
-        program, strata = self.program
-        return sorted(u for u in strata.upstream(view) if program.predicates[u].kind == "base")
-
-    @property
-    def lease_timeout(self) -> timedelta:
-        return timedelta(minutes=self.config.storage.lease_timeout_minutes)
+        return self.ctx.base_tables(view)
 
     def close(self) -> None:
-        self.catalog.dispose()
+        self.ctx.close()
 
     # -- definitions -----------------------------------------------------------------------------
 
@@ -146,29 +92,6 @@ class Project:
         if _table_spec(self.config.tables[name]) != _applied_spec(applied):
             raise ConfigError(f"table {name} differs in the project file from the catalog; run `ivm apply`")
         return self.config.tables[name]
-
-    def schema(self, relation: str) -> StructType:
-        """A relation's columns and Spark types; a view's come from its plan over empty tables
-        (Spark analyses the plan, no job runs)."""
-        if relation in self.config.tables:
-            _ = self.spark  # (Spark parses the types: started if a stage had not needed it yet)
-            return table_schema(self.config.tables[relation])
-        if relation in self.config.views or relation in self.program[0].predicates:
-            plan = self._plans_over_empty_tables.relation(relation)
-            return StructType([f for f in plan.schema.fields if f.name != "__count"])
-        if relation in self._stored_schemas:
-            return self._stored_schemas[relation]
-        raise NotFoundError(f"unknown table or view {relation!r}")
-
-    def cluster_columns(self, relation: str) -> list[str]:
-        """Base layers are sorted by the key, or by all columns for a bag."""
-        table = self.config.tables.get(relation)
-        if table is not None:
-            return list(table.key or table.columns)
-        pred = self.program[0].predicates.get(relation)
-        if pred is not None and pred.cluster:  # an owner index: by the collection id (002 §4.2)
-            return list(pred.cluster)
-        return [f.name for f in self.schema(relation).fields]
 
     def _check_types(self) -> None:
         """Let Spark analyse every view's plan over empty tables: a type mismatch (comparing a string
@@ -189,7 +112,8 @@ class Project:
             columns = self.program[0].predicates[name].columns
             unknown = [c for c in view.key or [] if c not in columns]
             if unknown:
-                raise ConfigError(f"views.{name}.key: unknown column {unknown[0]!r} (the view has {', '.join(columns)})")
+                raise ConfigError(f"views.{name}.key: unknown column {unknown[0]!r} "
+                                  f"(the view has {', '.join(columns)})")
             if view.validate_.expectations:
                 from ivm.expectations import user_expectation
 
@@ -208,7 +132,7 @@ class Project:
         for view, cfg in self.config.views.items():
             if cfg.strategy is not None:  # a forced strategy must apply to the view
                 program, strata = self.program
-                why = next(c for c in strategy.applicability(program, strata, view) if c.strategy == cfg.strategy)
+                why = next(c for c in strategy.applicability(program, strata, view) if c.strategy == str(cfg.strategy))
                 if not why.applicable:
                     raise ConfigError(f"views.{view}: strategy {cfg.strategy} does not apply: {why.why}")
         self._check_validation()
@@ -238,14 +162,10 @@ class Project:
         """`ivm load`: the table's initial snapshot. Returns (rows, version)."""
         cfg = self.table(table)
         run_id = new_id("load-")
-        self.catalog.start_run(run_id, "load", {table: 0}, [table])
-        self.catalog.acquire_leases(run_id, [table], self.lease_timeout)
-        try:
+        with self.catalog.run(run_id, "load", {table: 0}, [table], leases=[table],
+                              lease_timeout=self.ctx.lease_timeout):
             return ingest.load_snapshot(self.spark, self.catalog, self.warehouse, table, cfg, path, run_id,
                                         self.config.storage.target_file_mb)
-        except BaseException as e:
-            self.catalog.finish_run(run_id, "failed", one_line(e))
-            raise
 
     def append(self, table: str, path: str, fmt: str = "cdf") -> ingest.AppendResult:
         """`ivm log append`: validate and store a change file as the table's next log segment."""
@@ -254,12 +174,12 @@ class Project:
 
     # -- runs ------------------------------------------------------------------------------------
 
-    def refresh(self, views: list[str] | None = None, mode: str = "auto",
-                progress: Progress = lambda _: None) -> refresh.RefreshResult:
+    def refresh(self, views: list[str] | None = None, mode: str = Mode.AUTO,
+                progress: Progress = lambda _: None) -> RefreshResult:
         """`ivm refresh`: bring the tables and views (or the named views and what they read) to the
         newest snapshot of the logs. ``mode``: auto, incremental or full."""
         self._check_applied()
-        return refresh.refresh(self, progress, views, mode)
+        return refresh(self.ctx, progress, views, mode)
 
     def _check_applied(self) -> None:
         for name in self.config.tables:
@@ -270,10 +190,10 @@ class Project:
             raise ConfigError(f"view {stale[0]} is not in the catalog yet; run `ivm apply`")
 
     def backfill(self, views: list[str], full: bool = False, from_version: int | None = None,
-                 sample: int | None = None, progress: Progress = lambda _: None) -> refresh.RefreshResult:
+                 sample: int | None = None, progress: Progress = lambda _: None) -> RefreshResult:
         """`ivm backfill`: refresh the named views (and the views they read) now; with ``full``,
         recompute them from the current snapshot; with ``from_version``, replay the tables' changes
-        since commit version N onto the state they had before it (ivm.refresh.plan_replay); ``sample``
+        since commit version N onto the state they had before it (ivm.refresh.plan.plan_replay); ``sample``
         overrides the views' validation sample size. The stages of the ivm_backfill DAG, in this process."""
         if not views:
             raise ConfigError("backfill: name at least one view")
@@ -281,8 +201,8 @@ class Project:
             if v not in self.config.views:
                 raise NotFoundError(f"unknown view {v!r}")
         self._check_applied()
-        return refresh.refresh(self, progress, views, "full" if full else "auto", kind="backfill",
-                               from_version=from_version, sample=sample)
+        return refresh(self.ctx, progress, views, Mode.FULL if full else Mode.AUTO, kind="backfill",
+                       from_version=from_version, sample=sample)
 
     def validate(self, views: list[str] | None = None, sample: int | None = None,
                  progress: Progress = lambda _: None) -> list[ViewCheck]:
@@ -311,13 +231,10 @@ class Project:
             return []
         run_id = new_id("validate-")
         snapshot = {t: watermarks.get((t, t), 0) for t in sorted(read)}
-        self.catalog.start_run(run_id, "validate", snapshot, [s.view for s in states])
         try:
-            checks = check_views(self, run_id, states, {t: [x.path for x in self.catalog.state(t).layers]
-                                                        for t in sorted(read)}, sample, progress)
-        except BaseException as e:
-            self.catalog.finish_run(run_id, "failed", one_line(e))
-            raise
+            with self.catalog.run(run_id, "validate", snapshot, [s.view for s in states]):
+                checks = check_views(self.ctx, run_id, states, {t: [x.path for x in self.catalog.state(t).layers]
+                                                                for t in sorted(read)}, sample, progress)
         finally:
             self.warehouse.delete(self.warehouse.path("staging", run_id))
         failed = [c for c in checks if c.status == "failed"]
@@ -331,17 +248,16 @@ class Project:
             raise NotFoundError(f"unknown view {view!r}")
         program, strata = self.program
         state = self.catalog.state(view)
-        choice = self.choose_strategy(view, current=state.form if state.version_id is not None else None)
+        choice = self.ctx.choose_strategy(view, current=state.form if state.version_id is not None else None)
         return explain.explain(program, strata, self.config, view, choice)
 
     def compact(self, relations: Iterable[str] | None = None, force: bool = False,
                 progress: Progress = lambda _: None) -> list[compaction.Compaction]:
-        names = list(relations) if relations is not None else [
-            *self.config.tables, *(r for v in self.config.views for r in self.stored_relations(v))]
-        return compaction.compact(self, names, force=force, progress=progress)
+        names = list(relations) if relations is not None else self.ctx.all_relations()
+        return compaction.compact(self.ctx, names, force=force, progress=progress)
 
     def gc(self) -> gc.GcResult:
-        return gc.collect(self)
+        return gc.collect(self.ctx)
 
     def runs(self, limit: int = 20) -> list[Run]:
         return self.catalog.runs(limit)
@@ -355,7 +271,8 @@ class Project:
         state = self.catalog.state(name)
         if name in self.config.views and state.version_id is None:
             raise NotFoundError(f"view {name} has not been materialized yet; run `ivm refresh`")
-        return self.warehouse.read_consolidated(self.spark, state.layers, self.schema(name), self.cluster_columns(name))
+        return self.warehouse.read_consolidated(self.spark, state.layers, self.schema(name),
+                                                self.ctx.cluster_columns(name))
 
     def last_delta(self, name: str) -> DataFrame | None:
         """What the newest version of a relation changed, as a Z-set (+n inserted, -n deleted tuples):

@@ -2,7 +2,8 @@
 
     <warehouse>/log/<table>/<segment>.parquet      one directory per `ivm log append`
     <warehouse>/data/<relation>/<layer>/            one Parquet directory per layer
-    <warehouse>/staging/<run_id>/                   a run's intermediate results (the Airflow stages); gc removes old ones
+    <warehouse>/staging/<run_id>/                   a run's intermediate results (the Airflow stages);
+                                                    gc removes old ones
 
 Files are written under fresh names and only become part of a relation when the catalog records them
 (the commit point), so a crash between writing and committing leaves nothing half-visible; garbage

@@ -34,7 +34,9 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from ivm.config import COUNT_COLUMN
+from ivm.expectations import EXPECTED, STAGED
 from ivm.ir import GroupBy, Program, Var
+from ivm.maintain.strategy import Form
 from ivm.spark import adaptive
 from ivm.storage import Scratch
 from ivm.zset import consolidate, one_partition, restrict, small_change, union_all
@@ -42,11 +44,10 @@ from ivm.zset import consolidate, one_partition, restrict, small_change, union_a
 if TYPE_CHECKING:
     import pandas as pd
 
-    from ivm.project import Project
+    from ivm.context import RunContext
 
 log = logging.getLogger(__name__)
 
-STAGED, EXPECTED = "__staged", "__expected"
 #: the hash sample's resolution: fractions are multiples of 1 / BUCKETS
 BUCKETS = 1_000_000
 #: rows of the comparison brought to the driver, per key asked for (each side's row of a key, with slack)
@@ -185,8 +186,8 @@ class ViewState:
     paths: list[str]
     rows: int
     delta: str | None = None
-    #: "counts" (derivation counts, compared with the recomputation's) or "presence" (each tuple once)
-    form: str = "counts"
+    #: counts (derivation counts, compared with the recomputation's) or presence (each tuple once)
+    form: str = Form.COUNTS
     #: rows of the delta layer
     delta_rows: int = 0
 
@@ -211,7 +212,7 @@ class ViewCheck:
                 "expectations": self.expectations}
 
 
-def negative_counts(project: Project, states: list[ViewState]) -> dict[str, str]:
+def negative_counts(ctx: RunContext, states: list[ViewState]) -> dict[str, str]:
     """No tuple a run changed may end with a count below zero (a delta deleting what was not there):
     for all views in one Spark job over their changed tuples only (one stage when the deltas are a small
     change: `spark.single_partition_rows`; a view whose layers hold at most that many rows too is read
@@ -219,16 +220,16 @@ def negative_counts(project: Project, states: list[ViewState]) -> dict[str, str]
     job of their own). The layers are listed anew (`Warehouse.read_layers`): what is on disk is
     checked. View -> its first bad tuple."""
     checks = []
-    limit = project.config.spark.single_partition_rows
+    limit = ctx.config.spark.single_partition_rows
     small = small_change(sum(st.delta_rows for st in states if st.delta), limit)
     for st in states:
         if st.delta is None:
             continue
-        schema = project.schema(st.view)
-        delta = project.warehouse.read_layers(project.spark, [st.delta], schema, reuse=False)
+        schema = ctx.schema(st.view)
+        delta = ctx.warehouse.read_layers(ctx.spark, [st.delta], schema, reuse=False)
         cols = [c for c in delta.columns if c != COUNT_COLUMN]
         tuple_ = [F.col(f"`{c}`") for c in cols]
-        new = project.warehouse.read_layers(project.spark, st.paths, schema, reuse=False)
+        new = ctx.warehouse.read_layers(ctx.spark, st.paths, schema, reuse=False)
         if small and small_change(st.rows, limit):
             # the view's counts, each tuple marked whether the delta holds it, in the one partition
             both = one_partition(new.select("*", F.lit(False).alias("__changed")).unionByName(
@@ -241,12 +242,12 @@ def negative_counts(project: Project, states: list[ViewState]) -> dict[str, str]
             F.lit(st.view).alias("view"), F.to_json(F.struct(*tuple_)).alias("row"), F.col(COUNT_COLUMN)))
     if not checks:
         return {}
-    with adaptive(project.spark, not small):  # (a small change's one-partition plan: ivm.spark.adaptive)
+    with adaptive(ctx.spark, not small):  # (a small change's one-partition plan: ivm.spark.adaptive)
         rows = union_all(checks).collect()  # at most one row per view
     return {r["view"]: f"tuple {r['row']} would have count {r[COUNT_COLUMN]}" for r in rows}
 
 
-def check_views(project: Project, run_id: str, states: list[ViewState], tables: dict[str, list[str]],
+def check_views(ctx: RunContext, run_id: str, states: list[ViewState], tables: dict[str, list[str]],
                 sample: int | None = None, progress: Callable[[str], None] = lambda _: None) -> list[ViewCheck]:
     """Check each view's state: no negative counts among the tuples its delta changed, and (unless its
     sample is 0) its sampled comparison with the recomputation from ``tables`` (table -> the layers of
@@ -256,35 +257,35 @@ def check_views(project: Project, run_id: str, states: list[ViewState], tables: 
     from ivm.expectations import run_suite
     from ivm.maintain.recompute import Evaluator, as_used
 
-    program, strata = project.program
-    scratch = Scratch(project.warehouse, project.spark, f"{run_id}/validate")
-    negative = negative_counts(project, states)
+    program, strata = ctx.program
+    scratch = Scratch(ctx.warehouse, ctx.spark, f"{run_id}/validate")
+    negative = negative_counts(ctx, states)
     seed = int(hashlib.sha1(run_id.encode()).hexdigest()[:8], 16)
 
     @functools.cache
     def full() -> Evaluator:  # the recomputation, built for the first view that samples
         return Evaluator(program, strata, {
-            t: consolidate(project.warehouse.read_layers(project.spark, paths, project.schema(t), reuse=False))
-            for t, paths in tables.items()}, scratch=scratch, limits=project.max_iterations)
+            t: consolidate(ctx.warehouse.read_layers(ctx.spark, paths, ctx.schema(t), reuse=False))
+            for t, paths in tables.items()}, scratch=scratch, limits=ctx.max_iterations)
 
     checks = []
     for st in states:
         started = time.perf_counter()
-        config = project.config.views[st.view]
+        config = ctx.config.views[st.view]
         n = config.validate_.sample if sample is None else sample
         check = ViewCheck(st.view, "passed", n, negative.get(st.view))
         if n > 0:
-            schema = project.schema(st.view)
+            schema = ctx.schema(st.view)
             # (as the negative-count check, the comparison lists the layers' files anew: what is on disk)
-            staged = consolidate(project.warehouse.read_layers(project.spark, st.paths, schema, reuse=False))
+            staged = consolidate(ctx.warehouse.read_layers(ctx.spark, st.paths, schema, reuse=False))
             keys = key_columns(program, st.view, config.key)
-            touched = project.warehouse.read_layers(project.spark, [st.delta], schema, reuse=False) if st.delta else None
+            touched = ctx.warehouse.read_layers(ctx.spark, [st.delta], schema, reuse=False) if st.delta else None
             ks = key_sample(keys, n, st.rows, touched, seed)
             expected = full().relation(st.view)
-            if st.form == "presence":  # stored without counts: each tuple once
+            if st.form == Form.PRESENCE:  # stored without counts: each tuple once
                 expected = as_used(program.predicates[st.view], expected)
             check.comparison = c = compare(staged, expected, st.view, ks, n)
-            suite = run_suite(project.warehouse.uri, run_id, st.view, c.rows, list(schema.names), config.key,
+            suite = run_suite(ctx.warehouse.uri, run_id, st.view, c.rows, list(schema.names), config.key,
                               [e.model_dump() for e in config.validate_.expectations])
             check.expectations, check.report_uri = suite.results, suite.report_uri
             failed = [r for r in suite.results if not r["success"]]
@@ -292,15 +293,16 @@ def check_views(project: Project, run_id: str, states: list[ViewState], tables: 
                 check.problem = "; ".join(filter(None, [check.problem, c.describe()]))
             elif failed and check.problem is None:
                 check.problem = "expectation " + "; ".join(
-                    f"{r['expectation']}({', '.join(f'{k}={v}' for k, v in r['kwargs'].items() if k.startswith('column'))})"
+                    f"{r['expectation']}"
+                    f"({', '.join(f'{k}={v}' for k, v in r['kwargs'].items() if k.startswith('column'))})"
                     f" failed for {r['unexpected'] if r['unexpected'] is not None else r['observed']} rows"
                     for r in failed[:3])
         if check.problem is not None:
             check.status = "warned" if config.validate_.policy == "warn" else "failed"
         check.seconds = time.perf_counter() - started
         c = check.comparison
-        project.catalog.save_validation(run_id, st.view, len(c.rows) if c else 0, len(c.mismatches) if c else 0,
-                                        check.status, check.report_uri, check.summary())
+        ctx.catalog.save_validation(run_id, st.view, len(c.rows) if c else 0, len(c.mismatches) if c else 0,
+                                    check.status, check.report_uri, check.summary())
         progress(f"validate: {st.view}: {check.status}"
                  + (f", {len(c.rows)} sampled rows ({c.touched} touched keys) against the recomputation, "
                     f"{sum(r['success'] for r in check.expectations)}/{len(check.expectations)} expectations met"

@@ -21,6 +21,20 @@ from pyspark.sql.types import DateType, NumericType
 from ivm.config import COUNT_COLUMN
 
 
+def quote(name: str) -> str:
+    """A column name quoted for Spark (names may hold dots, spaces or reserved words).
+
+    >>> quote("o.id")
+    '`o.id`'
+    """
+    return f"`{name}`"
+
+
+def negate(df: DataFrame) -> DataFrame:
+    """The Z-set with every count negated: what a delta subtracts (-R)."""
+    return df.withColumn(COUNT_COLUMN, -F.col(COUNT_COLUMN))
+
+
 def data_columns(df: DataFrame) -> list[str]:
     """The relation's own columns: everything but ``__count``."""
     return [c for c in df.columns if c != COUNT_COLUMN]

@@ -145,7 +145,8 @@ class Floor:
         F = self.F
         group = self.group
         kept = (self.spark.read.parquet(*self.view).groupBy(*group)
-                .agg(F.sum(F.col(C) * F.col("revenue")).alias("revenue"), F.sum(F.col(C) * F.col("__rows")).alias("__rows"))
+                .agg(F.sum(F.col(C) * F.col("revenue")).alias("revenue"),
+                     F.sum(F.col(C) * F.col("__rows")).alias("__rows"))
                 .where(F.col("__rows") != 0))
         fresh = self.recompute().select(*group, "revenue", "__rows")
         return kept.exceptAll(fresh).isEmpty() and fresh.exceptAll(kept).isEmpty()

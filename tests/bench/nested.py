@@ -154,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--changed", type=int, default=20, help="sets changed per refresh, one element each")
     ap.add_argument("--warmup", type=int, default=1, help="unmeasured rounds per configuration first")
     ap.add_argument("--repeat", type=int, default=3,
-                    help="measured rounds per configuration (an incremental refresh, then a full one); medians reported")
+                    help="measured rounds per configuration (an incremental refresh, then a full one); "
+                         "medians reported")
     ap.add_argument("--work", default=str(REPO / ".bench" / "nested"))
     ap.add_argument("--out", default=str(REPO / "tests" / "bench" / "results" / "nested"))
     args = ap.parse_args(argv)

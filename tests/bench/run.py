@@ -357,10 +357,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--edges", type=int, default=100_000, help="edges of the closure's graph")
     ap.add_argument("--driver-memory", default=DRIVER_MEMORY, help="spark.driver.memory of the local session")
     ap.add_argument("--repeat", type=int, default=3,
-                    help="measurements of each figure (each mode's, interleaved); the median is reported, with the range")
+                    help="measurements of each figure (each mode's, interleaved); the median is reported, "
+                         "with the range")
     ap.add_argument("--no-auto", dest="auto", action="store_false",
                     help="skip the --mode auto refresh after each Δ's incremental and full ones")
-    ap.add_argument("--views", default="q1,q3,q5,reach,cust_dates,supp_median,nations@counting,nations@reduce,order_nations@counting,order_nations@reduce", type=lambda s: s.split(","))
+    ap.add_argument("--views", type=lambda s: s.split(","),
+                    default="q1,q3,q5,reach,cust_dates,supp_median,nations@counting,nations@reduce,"
+                            "order_nations@counting,order_nations@reduce")
     ap.add_argument("--work", default=str(REPO / ".bench"), help="data, projects and warehouses (reused data)")
     ap.add_argument("--out", default=str(REPO / "tests" / "bench" / "results"))
     args = ap.parse_args(argv)
@@ -369,7 +372,8 @@ def main(argv: list[str] | None = None) -> int:
     root.mkdir(parents=True, exist_ok=True)
     figures = []
     for view in args.views:
-        for old in root.glob(f"project-{view.replace('@', '-')}"):  # a fresh project per run; the generated data is kept
+        # a fresh project per run; the generated data is kept
+        for old in root.glob(f"project-{view.replace('@', '-')}"):
             shutil.rmtree(old)
         figures += run_view(view, args, root, SparkCounters)
     report(figures, args, Path(args.out))

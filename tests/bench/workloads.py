@@ -39,7 +39,8 @@ TPCH_VIEWS = {
        avg(l_quantity) AS avg_qty, avg(l_extendedprice) AS avg_price, avg(l_discount) AS avg_disc,
        count(*) AS count_order
 FROM lineitem WHERE l_shipdate <= DATE '1998-09-02' GROUP BY l_returnflag, l_linestatus""",
-    "q3": """SELECT l.l_orderkey, o.o_orderdate, o.o_shippriority, sum(l.l_extendedprice * (1 - l.l_discount)) AS revenue
+    "q3": """SELECT l.l_orderkey, o.o_orderdate, o.o_shippriority,
+       sum(l.l_extendedprice * (1 - l.l_discount)) AS revenue
 FROM customer c JOIN orders o ON c.c_custkey = o.o_custkey JOIN lineitem l ON l.l_orderkey = o.o_orderkey
 WHERE c.c_mktsegment = 'BUILDING' AND o.o_orderdate < DATE '1995-03-15' AND l.l_shipdate > DATE '1995-03-15'
 GROUP BY l.l_orderkey, o.o_orderdate, o.o_shippriority""",

@@ -13,13 +13,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import sqlite3
 import subprocess
 import sys
 import time
 import urllib.request
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -28,12 +26,9 @@ from pyspark.sql import functions as F
 
 from ivm import Project
 from ivm.catalog.store import PublishChange
-from ivm.maintain.recompute import Evaluator
-from ivm.storage import Scratch
+from tests.helpers import BIN, REPO, assert_views_recomputed, free_port
 
-REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "include" / "views" / "demo"
-BIN = Path(sys.executable).parent
 #: counting (a join with GROUP BY, a view over it: two strata), CReaM (setof, an auxiliary view) and DRed
 #: (reach). REDUCE and the key-based rules (the demo's passenger_routes, booked_origins) keep no state a
 #: stage hands to the next beyond what counting's does; each view costs every DAG run a spark-submit
@@ -52,10 +47,6 @@ print("DAG RUN", run.state)
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +111,8 @@ def deployment(tmp_path_factory, spark_cluster, spark):
     host, port = spark_cluster.removeprefix("spark://").split(":")
     env = {**os.environ, "AIRFLOW_HOME": str(root / "airflow"), "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
            "AIRFLOW__CORE__LOAD_EXAMPLES": "false", "IVM_PROJECT": str(root / "demo" / "ivm.yaml"),
-           "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": f"spark://{host}", "port": int(port)}),
+           "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": f"spark://{host}",
+                                                     "port": int(port)}),
            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "SPARK_LOCAL_IP": "127.0.0.1"}
     subprocess.run([str(BIN / "airflow"), "db", "migrate"], env=env, check=True, capture_output=True)
     yield project, env, data
@@ -128,23 +120,16 @@ def deployment(tmp_path_factory, spark_cluster, spark):
 
 
 def dag_test(env: dict, dag_id: str, conf: dict | None = None) -> str:
-    done = subprocess.run([sys.executable, "-c", DAG_RUN.format(dags=str(REPO / "dags")), dag_id, json.dumps(conf or {})],
+    script = DAG_RUN.format(dags=str(REPO / "dags"))
+    done = subprocess.run([sys.executable, "-c", script, dag_id, json.dumps(conf or {})],
                           env=env, capture_output=True, text=True, timeout=1200)
     tail = "\n".join((done.stdout + done.stderr).splitlines()[-40:])
     assert done.returncode == 0 and "DAG RUN success" in done.stdout, tail
     return done.stdout + done.stderr
 
 
-def zset(rows) -> Counter:
-    return Counter({tuple(tuple(x) if isinstance(x, list) else x for x in r[:-1]): r[-1] for r in rows})
 
 
-def assert_views_recomputed(project: Project) -> None:
-    program, strata = project.program
-    full = Evaluator(program, strata, {t: project.read_zset(t) for t in project.config.tables},
-                     scratch=Scratch(project.warehouse, project.spark, "check"))  # reach: a fixpoint's rounds
-    for view in project.config.views:
-        assert zset(project.read_zset(view).collect()) == zset(full.relation(view).collect()), view
 
 
 @pytest.mark.e2e

@@ -20,9 +20,8 @@ from ivm.errors import ValidationError
 from ivm.orchestration.links import URL_PREFIX, quality_url
 from ivm.refresh import validate_stage
 from tests.conftest import write_project
-from tests.dags.test_dag_run import BIN, REPO, free_port
-from tests.spark.test_cream import lines
-from tests.spark.test_validate import TABLES, load_and_change, stage_up_to_validate, views
+from tests.helpers import BIN, REPO, free_port, lines, load_and_change, stage_up_to_validate, views
+from tests.helpers import KV_TABLES as TABLES
 
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 
@@ -42,7 +41,7 @@ def project(tmp_path_factory, spark):
     p.append("t", lines(root / "c2.jsonl", [("b", 7), ("e", 8)], "insert", cols=("k", "v")))
     stage_up_to_validate(p, "bad-run")
     with pytest.raises(ValidationError):
-        validate_stage(p, "bad-run")
+        validate_stage(p.ctx, "bad-run")
     p.catalog.finish_run("bad-run", "failed", "validate: view per_k: 3 rows differ")
     yield p, str(path)
     p.close()

@@ -8,6 +8,7 @@ import pytest
 
 from ivm.cli import main, parse_args
 from tests.conftest import write_project
+from tests.helpers import run
 
 TABLES = {"link": {"columns": {"src": "string", "dst": "string"}, "key": ["src", "dst"]}}
 
@@ -17,10 +18,6 @@ def project_file(tmp_path, spark):
     return str(write_project(tmp_path / "proj", TABLES))
 
 
-def run(capsys, *argv) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_the_commands_end_to_end(capsys, project_file, tmp_path, monkeypatch):
@@ -66,7 +63,8 @@ def test_errors_are_one_line_with_an_exit_code(capsys, project_file, tmp_path, a
     assert err.startswith(message.replace("{bad}", str(bad))) and err.count("\n") == 1
 
 
-@pytest.mark.parametrize("argv", [["--project", "p.yaml", "-v", "compact", "q3"], ["compact", "q3", "--project", "p.yaml", "-v"],
+@pytest.mark.parametrize("argv", [["--project", "p.yaml", "-v", "compact", "q3"],
+                                  ["compact", "q3", "--project", "p.yaml", "-v"],
                                   ["-v", "compact", "--project", "p.yaml", "q3"]])
 def test_global_options_go_before_or_after_the_command(argv):
     args = parse_args(argv)

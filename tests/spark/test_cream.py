@@ -12,6 +12,7 @@ from ivm.ir import Atom, SetOf, Var
 from ivm.maintain.cream import set_delta
 from ivm.maintain.recompute import Evaluator
 from ivm.zset import restrict
+from tests.helpers import lines
 
 TABLES = {"tournament": {"columns": {"victor": "string", "defeated": "string", "location": "string"}}}
 VIEWS = {
@@ -25,10 +26,6 @@ TABLE_2 = [("yoda", "vader", "dagobah"), ("yoda", "palpatine", "dagobah"), ("vad
            ("yoda", "palpatine", "tatooine")]
 
 
-def lines(path, rows, change=None, cols=("victor", "defeated", "location")):
-    path.write_text("".join(json.dumps({**dict(zip(cols, r, strict=True)),
-                                        **({"_change_type": change} if change else {})}) + "\n" for r in rows))
-    return str(path)
 
 
 def _value(x):
@@ -142,16 +139,17 @@ SINGLE_VIEWS = {
     # 001 §3 Case 1 over a keyed table: the view is its own v_a, no auxiliary view
     "keyed_sets": {"datalog": "keyed_sets(K, S) :- setof(V, tk(K, V), S)."},
 }
-UDAS = {"spread": {"sql": "array_max(vals) - array_min(vals)"}, "pylen": {"python": "builtins:len", "returns": "bigint"}}
+UDAS = {"spread": {"sql": "array_max(vals) - array_min(vals)"},
+        "pylen": {"python": "builtins:len", "returns": "bigint"}}
 
 
 def spy_reads(project, monkeypatch) -> list[str]:
     """The layer paths the maintain stage of a refresh reads (every read_layers call while it runs)."""
-    import ivm.refresh
+    import ivm.refresh.stages
 
     seen: list[str] = []
     active = [False]
-    read, maintain = project.warehouse.read_layers, ivm.refresh.maintain_stage
+    read, maintain = project.warehouse.read_layers, ivm.refresh.stages.maintain_stage
 
     def read_layers(spark, paths, schema, **kwargs):
         if active[0]:
@@ -166,7 +164,7 @@ def spy_reads(project, monkeypatch) -> list[str]:
             active[0] = False
 
     monkeypatch.setattr(project.warehouse, "read_layers", read_layers)
-    monkeypatch.setattr(ivm.refresh, "maintain_stage", maintain_stage)
+    monkeypatch.setattr(ivm.refresh.stages, "maintain_stage", maintain_stage)
     return seen
 
 

@@ -7,7 +7,7 @@ materialization."""
 from __future__ import annotations
 
 from ivm.catalog.store import StageRecord
-from tests.spark.test_counting import _jsonl, _zset
+from tests.helpers import as_zset, write_jsonl
 
 TABLES = {"t": {"columns": {"k": "int", "v": "int"}, "key": ["k"]}}
 VIEW = {"sql": "SELECT v, count(*) AS n FROM t GROUP BY v",
@@ -25,12 +25,12 @@ def _history(p, seconds_per_row: float) -> None:
 
 
 def _change(p, tmp_path, n: int, rows: list[tuple]) -> None:
-    p.append("t", _jsonl(tmp_path / f"c{n}.jsonl", ["k", "v"], rows, ["insert"] * len(rows)))
+    p.append("t", write_jsonl(tmp_path / f"c{n}.jsonl", ["k", "v"], rows, ["insert"] * len(rows)))
 
 
 def test_auto_recomputes_past_the_crossover_and_records_both_estimates(make_project, tmp_path, capsys):
     p = make_project(TABLES, views={"v": VIEW})
-    p.load("t", _jsonl(tmp_path / "t.jsonl", ["k", "v"], [(k, k % 3) for k in range(20)]))
+    p.load("t", write_jsonl(tmp_path / "t.jsonl", ["k", "v"], [(k, k % 3) for k in range(20)]))
     first = p.refresh()
     assert first.views[0].mode == "full"
     full_s = p.catalog.maintain_history("v", "full", 1)[0][1]
@@ -44,10 +44,10 @@ def test_auto_recomputes_past_the_crossover_and_records_both_estimates(make_proj
     est = stage.detail["choice"]["crossover"]
     assert est["full"] and est["incremental_s"] == 2000.0 and est["full_s"] == round(full_s, 3)
     assert est["points"] == 2
-    assert _zset(p.read_zset("v").collect()) == {(0, 7): 1, (1, 8): 1, (2, 7): 1}
+    assert as_zset(p.read_zset("v").collect()) == {(0, 7): 1, (1, 8): 1, (2, 7): 1}
 
     # `ivm runs` shows the estimates
-    from tests.spark.test_cli import run
+    from tests.helpers import run
     code, out, _ = run(capsys, "runs", "--limit", "1", "--project", str(tmp_path / "project" / "ivm.yaml"))
     assert code == 0 and "v full" in out and "(auto: est. 2000.0s inc" in out
 
@@ -58,7 +58,7 @@ def test_auto_recomputes_past_the_crossover_and_records_both_estimates(make_proj
 
 def test_auto_stays_incremental_below_the_crossover(make_project, tmp_path):
     p = make_project(TABLES, views={"v": VIEW})
-    p.load("t", _jsonl(tmp_path / "t.jsonl", ["k", "v"], [(k, k % 3) for k in range(20)]))
+    p.load("t", write_jsonl(tmp_path / "t.jsonl", ["k", "v"], [(k, k % 3) for k in range(20)]))
     p.refresh()
     _history(p, seconds_per_row=0.0001)
     _change(p, tmp_path, 1, [(100, 1)])
@@ -66,4 +66,4 @@ def test_auto_stays_incremental_below_the_crossover(make_project, tmp_path):
     assert work.mode == "incremental"
     est = next(s for s in p.runs(1)[0].stages if s.stage == "maintain").detail["choice"]["crossover"]
     assert not est["full"] and est["incremental_s"] < est["full_s"]
-    assert _zset(p.read_zset("v").collect()) == {(0, 7): 1, (1, 8): 1, (2, 6): 1}
+    assert as_zset(p.read_zset("v").collect()) == {(0, 7): 1, (1, 8): 1, (2, 6): 1}

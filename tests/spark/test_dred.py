@@ -27,8 +27,7 @@ from hypothesis import strategies as st
 from ivm.errors import ConfigError
 from ivm.maintain.recompute import Evaluator
 from tests.conftest import DISTRIBUTED, drawn_stream
-from tests.spark.test_counting import STREAMS, _jsonl, _zset, apply_batch, assert_close
-from tests.spark.test_recompute import _norm
+from tests.helpers import STREAMS, apply_batch, as_zset, assert_close, norm, write_jsonl
 
 TABLES = {"link": {"columns": {"src": "string", "dst": "string"}},
           "blocked": {"columns": {"node": "string"}},
@@ -82,11 +81,11 @@ def duck(state: dict[str, list[tuple]]) -> dict[str, Counter]:
     for table, rows in state.items():
         if rows:
             con.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * len(rows[0]))})", rows)
-    return {v: Counter(tuple(_norm(x) for x in r) for r in con.execute(sql).fetchall()) for v, (_, sql) in VIEWS.items()}
+    return {v: Counter(tuple(norm(x) for x in r) for r in con.execute(sql).fetchall()) for v, (_, sql) in VIEWS.items()}
 
 
 def sets(project) -> dict[str, dict]:
-    return {v: _zset(project.read_zset(v).collect()) for v in project.config.views}
+    return {v: as_zset(project.read_zset(v).collect()) for v in project.config.views}
 
 
 def recomputed(project, tmp: Path) -> dict[str, dict]:
@@ -95,7 +94,7 @@ def recomputed(project, tmp: Path) -> dict[str, dict]:
     program, strata = project.program
     scratch = Scratch(Warehouse(str(tmp)), project.spark, "recompute")
     ev = Evaluator(program, strata, {t: project.read_zset(t) for t in TABLES}, scratch=scratch)
-    return {v: _zset(ev.relation(v).collect()) for v in project.config.views}
+    return {v: as_zset(ev.relation(v).collect()) for v in project.config.views}
 
 
 def check(project, state, tmp: Path) -> dict[str, dict]:
@@ -110,12 +109,12 @@ def check(project, state, tmp: Path) -> dict[str, dict]:
 
 def load(project, root: Path, state: dict[str, list[tuple]]) -> None:
     for table, rows in state.items():
-        project.load(table, _jsonl(root / f"{table}-0.jsonl", list(TABLES[table]["columns"]), rows))
+        project.load(table, write_jsonl(root / f"{table}-0.jsonl", list(TABLES[table]["columns"]), rows))
 
 
 def append(project, root: Path, n: int, changes: dict[str, list[tuple[str, tuple]]]) -> None:
     for table, items in changes.items():
-        project.append(table, _jsonl(root / f"{table}-{n}.jsonl", list(TABLES[table]["columns"]),
+        project.append(table, write_jsonl(root / f"{table}-{n}.jsonl", list(TABLES[table]["columns"]),
                                      [r for _, r in items], [k for k, _ in items]))
 
 
@@ -125,16 +124,16 @@ def test_dred_steps_on_a_small_graph(make_project, tmp_path):
     p = make_project(TABLES, views={"tc": DEFINITIONS["tc"]})
     load(p, tmp_path, {"link": [("a", "b"), ("b", "c"), ("a", "c")], "blocked": [], "wlink": []})
     assert p.refresh().views[0].mode == "full"
-    assert _zset(p.read_zset("tc").collect()) == {("a", "b"): 1, ("b", "c"): 1, ("a", "c"): 1}
+    assert as_zset(p.read_zset("tc").collect()) == {("a", "b"): 1, ("b", "c"): 1, ("a", "c"): 1}
     append(p, tmp_path, 1, {"link": [("delete", ("a", "b"))]})
     work = p.refresh().views[0]
     assert work.mode == "incremental" and work.reason.startswith("DRed (000 §7) for tc")
     assert work.detail == {"over-deleted": 2, "rederived": 1, "inserted": 0}
-    assert _zset(p.last_delta("tc").collect()) == {("a", "b"): -1}
+    assert as_zset(p.last_delta("tc").collect()) == {("a", "b"): -1}
     append(p, tmp_path, 2, {"link": [("insert", ("c", "a"))]})
     work = p.refresh().views[0]
     assert work.detail == {"over-deleted": 0, "rederived": 0, "inserted": 4}
-    assert _zset(p.read_zset("tc").collect()) == {tuple(e): 1 for e in "ac ca aa cc bc ba".split()}
+    assert as_zset(p.read_zset("tc").collect()) == {tuple(e): 1 for e in "ac ca aa cc bc ba".split()}
 
 
 node = st.sampled_from(["a", "b", "c", "d", "e", None])
@@ -302,7 +301,7 @@ def test_iteration_limit_fails_the_refresh_and_applies_nothing(make_project, tmp
     longer = make_project(TABLES, root=tmp_path / "longer", views={"tc": {**DEFINITIONS["tc"], "max_iterations": 5}})
     load(longer, tmp_path, {"link": [tuple(e) for e in "ab bc cd de".split()], "blocked": [], "wlink": []})
     longer.refresh()
-    assert len(_zset(longer.read_zset("tc").collect())) == 10
+    assert len(as_zset(longer.read_zset("tc").collect())) == 10
 
 
 def test_a_closure_extends_a_changed_edge_through_itself_in_two_rounds(make_project, tmp_path):
@@ -320,7 +319,7 @@ def test_a_closure_extends_a_changed_edge_through_itself_in_two_rounds(make_proj
     for n, (kind, expect) in enumerate([("insert", joined), ("delete", closure)], start=1):
         append(p, tmp_path, n, {"link": [(kind, ("a3", "b0"))]})
         assert [w.mode for w in p.refresh().views] == ["incremental"]
-        assert _zset(p.read_zset("reach_sql").collect()) == dict.fromkeys(expect, 1)
+        assert as_zset(p.read_zset("reach_sql").collect()) == dict.fromkeys(expect, 1)
 
 
 def test_a_closure_change_ends_after_two_rounds_unless_changed_edges_chain(make_project, tmp_path):
@@ -339,13 +338,13 @@ def test_a_closure_change_ends_after_two_rounds_unless_changed_edges_chain(make_
     for n, (kind, edges) in enumerate([("insert", [*chains, ("a1", "b0")]), ("delete", chains)], start=1):
         append(p, tmp_path, n, {"link": [(kind, ("a1", "b0"))]})
         assert [w.mode for w in p.refresh().views] == ["incremental"]
-        assert _zset(p.read_zset("reach_sql").collect()) == closure(edges)
+        assert as_zset(p.read_zset("reach_sql").collect()) == closure(edges)
     chained = make_project(TABLES, root=tmp_path / "chained", views={"reach_sql": DEFINITIONS["reach_sql"]})
     load(chained, tmp_path, {"link": chains, "blocked": [], "wlink": []})
     chained.refresh()
     append(chained, tmp_path, 3, {"link": [("insert", ("a1", "b0")), ("insert", ("b1", "c0"))]})
     assert [w.mode for w in chained.refresh().views] == ["incremental"]
-    view = _zset(chained.read_zset("reach_sql").collect())
+    view = as_zset(chained.read_zset("reach_sql").collect())
     assert view == closure([*chains, ("a1", "b0"), ("b1", "c0")]) and ("a0", "c1") in view
 
 

@@ -241,7 +241,8 @@ res_id,psgr_id,seat,_change_type
     assert has_update_images(project.warehouse, every[-1:])
     assert project.warehouse.column_range(every[0].path, "_change_type") == ("insert", "insert")
     # a nested column before the change type has several Parquet leaf columns
-    project.append("tag", lines(tmp_path / "t.jsonl", {"item": "a", "tags": [{"k": "x", "n": 1}], "_change_type": "insert"}))
+    project.append("tag", lines(tmp_path / "t.jsonl",
+                                {"item": "a", "tags": [{"k": "x", "n": 1}], "_change_type": "insert"}))
     [tagged] = project.catalog.segments("tag", 0, 10**18)
     assert project.warehouse.column_range(tagged.path, "_change_type") == ("insert", "insert")
     assert not has_update_images(project.warehouse, [tagged])

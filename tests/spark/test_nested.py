@@ -13,10 +13,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ivm.maintain.nested import source_relation
+from ivm.lang.nested import source_relation
 from ivm.maintain.recompute import Evaluator
 from tests.conftest import DISTRIBUTED, drawn_stream
-from tests.spark.test_counting import STREAMS, _zset, apply_batch, assert_close
+from tests.helpers import STREAMS, apply_batch, as_zset, assert_close
 
 # 002 Example 2.1: Emp = [Nm, Dependent], Dependent = [D-Nm, Age], Health-Ins = [D-Nm]
 BY_REFERENCE = {
@@ -35,7 +35,8 @@ HEALTH = [("Dave",), ("Jane",)]
 V = {("Fred", "Dave"): 1, ("Fred", "Jane"): 1, ("Mary", "Dave"): 1}
 VIEWS = {
     # V(X, Z) := Emp(X, Y), Y(Z, A), Health-Ins(Z), as written in the paper
-    "by_reference": {"tables": BY_REFERENCE, "views": {"v": {"datalog": "v(X, Z) :- emp(X, Y), Y(Z, A), health_ins(Z)."}}},
+    "by_reference": {"tables": BY_REFERENCE,
+                     "views": {"v": {"datalog": "v(X, Z) :- emp(X, Y), Y(Z, A), health_ins(Z)."}}},
     "by_reference_sql": {"tables": BY_REFERENCE, "views": {"v": {"sql": (
         "SELECT e.nm, d.d_nm FROM emp e JOIN dependent d ON d.set_id = e.dependents "
         "JOIN health_ins h ON h.d_nm = d.d_nm")}}},
@@ -45,7 +46,7 @@ VIEWS = {
 }
 
 
-def _jsonl(path: Path, rows: list[dict], kinds: list[str] | None = None) -> str:
+def write_jsonl(path: Path, rows: list[dict], kinds: list[str] | None = None) -> str:
     path.write_text("".join(json.dumps({**r, **({"_change_type": kinds[i]} if kinds else {})}) + "\n"
                             for i, r in enumerate(rows)))
     return str(path)
@@ -60,13 +61,13 @@ def _emp_rows(form: str, emp=EMP, dependents=DEPENDENTS) -> list[dict]:
 def _example_project(make_project, tmp_path: Path, form: str):
     spec = VIEWS[form]
     p = make_project(spec["tables"], root=tmp_path / form, views=spec["views"])
-    p.load("emp", _jsonl(tmp_path / f"{form}-emp.jsonl", _emp_rows(form)))
+    p.load("emp", write_jsonl(tmp_path / f"{form}-emp.jsonl", _emp_rows(form)))
     if form != "by_value":
-        p.load("dependent", _jsonl(tmp_path / f"{form}-dep.jsonl", [
+        p.load("dependent", write_jsonl(tmp_path / f"{form}-dep.jsonl", [
             {"set_id": s, "d_nm": d, "age": a} for s, rows in DEPENDENTS.items() for d, a in rows]))
-    p.load("health_ins", _jsonl(tmp_path / f"{form}-h.jsonl", [{"d_nm": d} for (d,) in HEALTH]))
+    p.load("health_ins", write_jsonl(tmp_path / f"{form}-h.jsonl", [{"d_nm": d} for (d,) in HEALTH]))
     p.refresh()
-    assert _zset(p.read_zset("v").collect()) == V
+    assert as_zset(p.read_zset("v").collect()) == V
     return p
 
 
@@ -74,10 +75,10 @@ def _example_project(make_project, tmp_path: Path, form: str):
 def test_002_example_2_1_delete_from_health_ins(make_project, tmp_path, form):
     """Example 2.1: deleting Jane from Health-Ins gives ΔV = {⟨Fred, Jane⟩⁻¹}."""
     p = _example_project(make_project, tmp_path, form)
-    p.append("health_ins", _jsonl(tmp_path / "d.jsonl", [{"d_nm": "Jane"}], ["delete"]))
+    p.append("health_ins", write_jsonl(tmp_path / "d.jsonl", [{"d_nm": "Jane"}], ["delete"]))
     [work] = p.refresh().views
     assert work.mode == "incremental"
-    assert _zset(p.last_delta("v").collect()) == {("Fred", "Jane"): -1}
+    assert as_zset(p.last_delta("v").collect()) == {("Fred", "Jane"): -1}
 
 
 @pytest.mark.parametrize("form", list(VIEWS))
@@ -87,17 +88,17 @@ def test_002_example_2_2_fred_becomes_greg_without_dave(make_project, tmp_path, 
     p = _example_project(make_project, tmp_path, form)
     if form == "by_value":  # the nested set travels with the row: the rename carries D1 without Dave
         changed = {"D1": [("Bob", 10), ("Jane", 5)]}
-        p.append("emp", _jsonl(tmp_path / "e.jsonl", _emp_rows(form, [("Fred", "D1")]) + _emp_rows(
+        p.append("emp", write_jsonl(tmp_path / "e.jsonl", _emp_rows(form, [("Fred", "D1")]) + _emp_rows(
             form, [("Greg", "D1")], changed), ["delete", "insert"]))
     else:
-        p.append("emp", _jsonl(tmp_path / "e.jsonl", _emp_rows(form, [("Fred", "D1"), ("Greg", "D1")]),
+        p.append("emp", write_jsonl(tmp_path / "e.jsonl", _emp_rows(form, [("Fred", "D1"), ("Greg", "D1")]),
                                ["delete", "insert"]))
-        p.append("dependent", _jsonl(tmp_path / "d.jsonl", [{"set_id": "D1", "d_nm": "Dave", "age": 85}],
+        p.append("dependent", write_jsonl(tmp_path / "d.jsonl", [{"set_id": "D1", "d_nm": "Dave", "age": 85}],
                                      ["delete"]))
     [work] = p.refresh().views
     assert work.mode == "incremental"
-    assert _zset(p.last_delta("v").collect()) == {("Fred", "Dave"): -1, ("Fred", "Jane"): -1, ("Greg", "Jane"): 1}
-    assert _zset(p.read_zset("v").collect()) == {("Greg", "Jane"): 1, ("Mary", "Dave"): 1}
+    assert as_zset(p.last_delta("v").collect()) == {("Fred", "Dave"): -1, ("Fred", "Jane"): -1, ("Greg", "Jane"): 1}
+    assert as_zset(p.read_zset("v").collect()) == {("Greg", "Jane"): 1, ("Mary", "Dave"): 1}
 
 
 def test_hilog_literal_is_the_extraction_function(make_project, tmp_path):
@@ -118,19 +119,20 @@ def test_unbound_collection_variable_is_refused(make_project, tmp_path):
     from ivm.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"Y\(\.\.\.\) needs Y bound to a nested column"):
-        make_project(BY_REFERENCE, root=tmp_path, views={"v": {"datalog": "v(X, Z) :- health_ins(Y), Y(Z, A), emp(X, _)."}})
+        make_project(BY_REFERENCE, root=tmp_path,
+                     views={"v": {"datalog": "v(X, Z) :- health_ins(Y), Y(Z, A), emp(X, _)."}})
 
 
 def test_collection_change_reaches_owners_through_the_index(make_project, tmp_path):
     """A change inside collection D2 reaches Mary's view tuples by probing the owner index with D2 alone
     (002 §4.3 step 2-1); inserting an owner adds its index entry in the same refresh (§4.2)."""
     p = _example_project(make_project, tmp_path, "by_reference")
-    p.append("dependent", _jsonl(tmp_path / "d.jsonl", [{"set_id": "D2", "d_nm": "Jane", "age": 7}], ["insert"]))
-    p.append("emp", _jsonl(tmp_path / "e.jsonl", _emp_rows("by_reference", [("Ann", "D2")]), ["insert"]))
+    p.append("dependent", write_jsonl(tmp_path / "d.jsonl", [{"set_id": "D2", "d_nm": "Jane", "age": 7}], ["insert"]))
+    p.append("emp", write_jsonl(tmp_path / "e.jsonl", _emp_rows("by_reference", [("Ann", "D2")]), ["insert"]))
     [work] = p.refresh().views
-    assert _zset(p.last_delta("v").collect()) == {("Mary", "Jane"): 1, ("Ann", "Dave"): 1, ("Ann", "Jane"): 1}
+    assert as_zset(p.last_delta("v").collect()) == {("Mary", "Jane"): 1, ("Ann", "Dave"): 1, ("Ann", "Jane"): 1}
     assert work.detail["probed collection ids"] == 1
-    index = _zset(p.read_zset("v__emp_by_dependents").collect())
+    index = as_zset(p.read_zset("v__emp_by_dependents").collect())
     assert index == {("Fred", "D1"): 1, ("Mary", "D2"): 1, ("Ann", "D2"): 1}
 
 
@@ -143,10 +145,10 @@ def test_element_level_delta_of_an_updated_array(make_project, tmp_path):
     views = {"v": {"sql": "SELECT p.a, q.y FROM p LATERAL VIEW explode(p.s) x AS w JOIN q ON q.w = x.w"}}
     p = make_project(tables, root=tmp_path, views=views)
     n = 200
-    p.load("p", _jsonl(tmp_path / "p.jsonl", [{"a": "a", "note": "x", "s": list(range(1, n + 1))}]))
-    p.load("q", _jsonl(tmp_path / "q.jsonl", [{"w": w, "y": f"y{w}"} for w in range(0, n + 2)]))
+    p.load("p", write_jsonl(tmp_path / "p.jsonl", [{"a": "a", "note": "x", "s": list(range(1, n + 1))}]))
+    p.load("q", write_jsonl(tmp_path / "q.jsonl", [{"w": w, "y": f"y{w}"} for w in range(0, n + 2)]))
     p.refresh()
-    p.append("p", _jsonl(tmp_path / "u.jsonl", [{"a": "a", "note": "x", "s": list(range(1, n + 1))},
+    p.append("p", write_jsonl(tmp_path / "u.jsonl", [{"a": "a", "note": "x", "s": list(range(1, n + 1))},
                                                  {"a": "a", "note": "x", "s": list(range(1, n + 2))}],
                          ["update_preimage", "update_postimage"]))
     program, _ = p.program
@@ -154,8 +156,8 @@ def test_element_level_delta_of_an_updated_array(make_project, tmp_path):
     assert program.predicates[e].columns == ["a", "elem"]  # `note` is not read: not in e
     [work] = p.refresh().views
     assert work.detail[f"Δ{e} elements"] == 1
-    assert _zset(p.last_delta("v").collect()) == {("a", f"y{n + 1}"): 1}
-    p.append("p", _jsonl(tmp_path / "u2.jsonl", [{"a": "a", "note": "x", "s": list(range(1, n + 2))},
+    assert as_zset(p.last_delta("v").collect()) == {("a", f"y{n + 1}"): 1}
+    p.append("p", write_jsonl(tmp_path / "u2.jsonl", [{"a": "a", "note": "x", "s": list(range(1, n + 2))},
                                                   {"a": "a", "note": "changed", "s": list(range(1, n + 2))}],
                          ["update_preimage", "update_postimage"]))
     [work] = p.refresh().views
@@ -289,14 +291,14 @@ def stream_batch(draw, state: dict[str, list[dict]], next_id: list[int]) -> dict
 
 def _append(project, root: Path, n: int, changes) -> None:
     for table, items in changes.items():
-        project.append(table, _jsonl(root / f"{table}-{n}.jsonl", [r for _, r in items], [k for k, _ in items]))
+        project.append(table, write_jsonl(root / f"{table}-{n}.jsonl", [r for _, r in items], [k for k, _ in items]))
 
 
-def _norm(x):
+def norm(x):
     if isinstance(x, float) and x.is_integer():
         return int(x)
     if isinstance(x, list | tuple):
-        return tuple(_norm(y) for y in x)
+        return tuple(norm(y) for y in x)
     return x
 
 
@@ -307,16 +309,16 @@ def _duckdb(state) -> dict[str, Counter]:
         cols = list(TABLES[table]["columns"])
         for r in state[table]:
             con.execute(f"INSERT INTO {table} VALUES ({', '.join('?' for _ in cols)})", [r[c] for c in cols])
-    return {v: Counter(tuple(_norm(x) for x in row) for row in con.execute(q).fetchall())
+    return {v: Counter(tuple(norm(x) for x in row) for row in con.execute(q).fetchall())
             for v, (_, q) in STREAM_VIEWS.items()}
 
 
 def _check(project, state) -> dict[str, dict]:
     program, strata = project.program
-    ours = {v: {tuple(_norm(x) for x in k): c for k, c in _zset(project.read_zset(v).collect()).items()}
+    ours = {v: {tuple(norm(x) for x in k): c for k, c in as_zset(project.read_zset(v).collect()).items()}
             for v in STREAM_VIEWS}
     ev = Evaluator(program, strata, {t: project.read_zset(t) for t in TABLES})
-    full = {v: {tuple(_norm(x) for x in k): c for k, c in _zset(ev.relation(v).collect()).items()}
+    full = {v: {tuple(norm(x) for x in k): c for k, c in as_zset(ev.relation(v).collect()).items()}
             for v in STREAM_VIEWS}
     theirs = _duckdb(state)
     for v in STREAM_VIEWS:
@@ -327,7 +329,7 @@ def _check(project, state) -> dict[str, dict]:
     for idx, d in program.predicates.items():
         if d.role == "index":
             table = source_relation(program, idx)
-            assert _zset(project.read_zset(idx).collect()) == _zset(project.read_zset(table).collect()), idx
+            assert as_zset(project.read_zset(idx).collect()) == as_zset(project.read_zset(table).collect()), idx
     return ours
 
 
@@ -353,7 +355,7 @@ def test_nested_views_match_full_recompute_and_duckdb(make_project, tmp_path_fac
     views = {v: d for v, (d, _) in STREAM_VIEWS.items()}
     one = make_project(TABLES, root=root / "one", views=views)
     for table, rows in initial.items():
-        one.load(table, _jsonl(root / f"{table}-0.jsonl", rows))
+        one.load(table, write_jsonl(root / f"{table}-0.jsonl", rows))
     one.refresh()
     state = {t: list(rows) for t, rows in initial.items()}
     batches = []
@@ -366,11 +368,11 @@ def test_nested_views_match_full_recompute_and_duckdb(make_project, tmp_path_fac
         final = _check(one, state)
     everything = make_project(TABLES, root=root / "all", views=views, spark=DISTRIBUTED)
     for table, rows in initial.items():
-        everything.load(table, _jsonl(root / f"{table}-0.jsonl", rows))
+        everything.load(table, write_jsonl(root / f"{table}-0.jsonl", rows))
     everything.refresh()
     for n, changes in enumerate(batches, 1):
         _append(everything, root, n, changes)
     assert {v.mode for v in everything.refresh().views} <= {"incremental", "noop"}
     for v in STREAM_VIEWS:
-        got = {tuple(_norm(x) for x in k): c for k, c in _zset(everything.read_zset(v).collect()).items()}
+        got = {tuple(norm(x) for x in k): c for k, c in as_zset(everything.read_zset(v).collect()).items()}
         assert_close(got, final[v], v)

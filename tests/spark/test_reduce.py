@@ -174,7 +174,8 @@ def test_mu2_insertion_candidates_reduce_the_deletions(spark, tmp_path):
     mu2, d2 = run(spark, tmp_path, "REDUCE", deleted=[("a2", "b2")], inserted=[("a2", "b5")], multiple="MU2", r2=r2)
     assert rows(d1, "a", "c", "e") == set() and rows(d2, "a", "c", "e") == set()
     assert next(t for t in mu1.traces if t.kind == "deletion").target == 1
-    assert [x.candidate for x in steps(mu2)] == [1, 0] and next(t for t in mu2.traces if t.kind == "deletion").target == 0
+    assert [x.candidate for x in steps(mu2)] == [1, 0]
+    assert next(t for t in mu2.traces if t.kind == "deletion").target == 0
     assert next(t for t in mu2.traces if t.kind == "insertion").target == 1
 
 

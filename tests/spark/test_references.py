@@ -20,7 +20,7 @@ from ivm.maintain.recompute import Evaluator
 from ivm.maintain.references import shortcuts
 from ivm.spark import JobMetrics
 from tests.conftest import DISTRIBUTED, drawn_stream
-from tests.spark.test_counting import STREAMS, _jsonl, _norm, _zset, assert_close
+from tests.helpers import STREAMS, as_zset, assert_close, norm, write_jsonl
 
 TABLES = {
     "customer": {"columns": {"ck": "int", "seg": "string"}, "key": ["ck"]},
@@ -103,7 +103,7 @@ def rows(state: dict[str, dict], table: str) -> list[tuple]:
 
 def append(project, root, n: int, changes: dict) -> None:
     for table, items in changes.items():
-        project.append(table, _jsonl(root / f"{table}-{n}.jsonl", list(TABLES[table]["columns"]),
+        project.append(table, write_jsonl(root / f"{table}-{n}.jsonl", list(TABLES[table]["columns"]),
                                      [r for _, r in items], [k for k, _ in items]))
 
 
@@ -117,10 +117,10 @@ def check(project, state: dict[str, dict]) -> dict[str, dict]:
             con.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * len(spec['columns']))})", rows(state, table))
     out = {}
     for view, sql in VIEWS.items():
-        ours = _zset(project.read_zset(view).collect())
-        assert_close(ours, _zset(ev.relation(view).collect()), view)
+        ours = as_zset(project.read_zset(view).collect())
+        assert_close(ours, as_zset(ev.relation(view).collect()), view)
         bag = {r: (1 if program.predicates[view].semantics == "set" else c) for r, c in ours.items()}
-        assert_close(bag, dict(Counter(tuple(_norm(x) for x in r) for r in con.execute(sql).fetchall())), view)
+        assert_close(bag, dict(Counter(tuple(norm(x) for x in r) for r in con.execute(sql).fetchall())), view)
         out[view] = ours
     return out
 
@@ -128,7 +128,7 @@ def check(project, state: dict[str, dict]) -> dict[str, dict]:
 def _project(make_project, root, state, **settings):
     p = make_project(TABLES, root=root, views={v: {"sql": q} for v, q in VIEWS.items()}, **settings)
     for table in TABLES:
-        p.load(table, _jsonl(root.parent / f"{root.name}-{table}-0.jsonl", list(TABLES[table]["columns"]),
+        p.load(table, write_jsonl(root.parent / f"{root.name}-{table}-0.jsonl", list(TABLES[table]["columns"]),
                              rows(state, table)))
     p.refresh()
     return p
@@ -157,7 +157,7 @@ def test_references_stream_matches_recompute_and_duckdb(make_project, tmp_path_f
         append(everything, root, n, changes)
     everything.refresh()
     for view in VIEWS:
-        assert_close(_zset(everything.read_zset(view).collect()), final[view], view)
+        assert_close(as_zset(everything.read_zset(view).collect()), final[view], view)
 
 
 def test_shortcuts_of_the_q3_shape(make_project, tmp_path):
@@ -197,18 +197,18 @@ def test_rf_refresh_reads_no_lineitem_while_maintaining(make_project, tmp_path, 
                + [("delete", (5, n, *lines[(5, n)])) for n in range(1, 11)]}
     append(p, tmp_path, 1, changes)
     apply(state, changes)
-    plan = refresh.plan(p)
-    refresh.begin(p, plan)
+    plan = refresh.plan(p.ctx)
+    refresh.begin(p.ctx, plan)
     metrics = JobMetrics(spark)
     with metrics.measure("trim") as t:
-        refresh.trim_stage(p, plan.run_id)
+        refresh.trim_stage(p.ctx, plan.run_id)
     with metrics.measure("maintain") as m:
-        refresh.maintain_stage(p, plan.run_id)
+        refresh.maintain_stage(p.ctx, plan.run_id)
     with metrics.measure("validate") as v:
-        refresh.validate_stage(p, plan.run_id)
+        refresh.validate_stage(p.ctx, plan.run_id)
     stages = (t, m, v)
     assert all(s.shuffled == 0 if partitions == "one" else s.shuffled > 0 for s in stages), stages
-    result = refresh.publish_stage(p, plan.run_id)
+    result = refresh.publish_stage(p.ctx, plan.run_id)
     check(p, state)
     # Δorders: lineitem by the foreign key; Δlineitem: orders by key (in every view); customer did not
     # change: joined once for both delta rules (revenue and pri_segs), not looked up per term

@@ -59,7 +59,7 @@ def test_all_tables_refresh_at_one_snapshot(project, tmp_path):
     assert contents(project, "acct") == Counter({(1, "ann", 12): 1, (2, "bob", None): 1, (3, "cy", 5): 1})
     assert contents(project, "event") == Counter({("a", 1): 1, (None, None): 1})
     assert project.catalog.watermarks() == {("acct", "acct"): 1, ("event", "event"): 1}
-    run = project.catalog.run(result.run_id)
+    run = project.catalog.get_run(result.run_id)
     assert run.status == "succeeded" and run.snapshot == {"acct": 1, "event": 1}
     assert {(s.stage, s.relation, s.delta_rows) for s in run.stages} == {("plan", None, None), ("trim", "acct", 3),
                                                                          ("trim", "event", 2), ("publish", None, None)}
@@ -243,7 +243,8 @@ def test_a_small_run_plans_without_adaptive_execution(make_project, tmp_path, mo
 
     monkeypatch.setattr(Warehouse, "write_layer", spy)
     small = "false" if limit else "true"
-    p.append("acct", changes(tmp_path / "c1.jsonl", [{"id": 2, "owner": "bob", "balance": 5, "_change_type": "insert"}]))
+    p.append("acct", changes(tmp_path / "c1.jsonl",
+                             [{"id": 2, "owner": "bob", "balance": 5, "_change_type": "insert"}]))
     p.refresh(mode="incremental")
     assert writes == [("acct", "delta", small), ("total__agg0_0", "delta", small), ("total", "delta", small)]
     writes.clear()

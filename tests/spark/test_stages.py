@@ -1,5 +1,5 @@
 """The stage contract (DESIGN.md §6, ivm.refresh) through the stage commands the Airflow tasks run
-(ivm.orchestration.stages.run_stage), each stage with a project of its own, as separate processes
+(ivm.refresh.stages.run_stage), each stage with a project of its own, as separate processes
 have: a maintenance stage killed mid-way and retried, and a whole run re-run after a failed publish,
 leave every view equal to its full recomputation and the log applied exactly once; a published run is
 final; a refresh of some views does not lose the others' deltas."""
@@ -14,20 +14,19 @@ import pytest
 from pyspark.sql import functions as F
 
 from ivm import Project, gc
-from ivm.catalog.store import PublishChange
 from ivm.errors import CatalogError, RunError
 from ivm.maintain.counting import Counting
-from ivm.orchestration.stages import run_id_for, run_stage
+from ivm.orchestration.stages import run_id_for
 from ivm.refresh import load_plan
+from ivm.refresh.stages import STAGE_NAMES, StageArgs, run_stage
 from ivm.spark import session
-from tests.dags.test_dag_run import assert_views_recomputed
-from tests.spark.test_cream import lines
+from tests.helpers import assert_views_recomputed, corrupt, lines
 
 TABLES = {"t": {"columns": {"k": "string", "v": "int"}}, "u": {"columns": {"k": "string", "w": "int"}}}
 VIEWS = {"per_k": {"sql": "SELECT k, count(*) AS n, sum(v) AS s FROM t GROUP BY k"},
          "joined": {"sql": "SELECT t.k, t.v, u.w FROM t JOIN u ON t.k = u.k"},
          "big": {"sql": "SELECT k, n FROM per_k WHERE n > 1"}}
-STAGES = ["plan", "trim", "maintain", "validate", "publish", "compact", "report"]
+STAGES = STAGE_NAMES
 
 
 def zset(project: Project, name: str) -> Counter:
@@ -57,7 +56,9 @@ def stage(path: str, name: str, run_id: str, started: list[str] | None = None, *
 
     p = Project.open(path, start_spark=start_spark)
     try:
-        return run_stage(p, name, run_id, **kwargs)
+        if "views" in kwargs:
+            kwargs["views"] = tuple(kwargs["views"])
+        return run_stage(p.ctx, name, StageArgs(run_id, **kwargs))
     finally:
         p.close()
 
@@ -78,10 +79,11 @@ def test_stages_one_by_one_match_in_process_refresh(setup):
     result = stage(path, "report", run_id, started)
     # the stages that only read and write the catalog start no Spark application (no executors taken)
     assert started == ["trim", "maintain", "maintain", "validate"]
-    assert result.status == "succeeded" and {v.view: v.mode for v in result.views} == dict.fromkeys(VIEWS, "incremental")
+    assert result.status == "succeeded"
+    assert {v.view: v.mode for v in result.views} == dict.fromkeys(VIEWS, "incremental")
     assert zset(p, "t") == Counter({("a", 1): 1, ("a", 2): 1, ("a", 5): 1, ("b", 3): 2})
     assert_views_recomputed(p)
-    assert {s.status for s in p.catalog.run(run_id).stages} == {"succeeded"}
+    assert {s.status for s in p.catalog.get_run(run_id).stages} == {"succeeded"}
     with pytest.raises(RunError, match="was published already"):
         stage(path, "plan", run_id)
 
@@ -103,7 +105,7 @@ def test_a_maintenance_task_killed_midway_and_retried(setup, monkeypatch):
     monkeypatch.setattr(Counting, "maintain", dies_on_the_second_predicate)
     with pytest.raises(KeyboardInterrupt):
         stage(path, "maintain", run_id)
-    assert p.catalog.run(run_id).status == "running"  # nothing published, the run goes on
+    assert p.catalog.get_run(run_id).status == "running"  # nothing published, the run goes on
     monkeypatch.setattr(Counting, "maintain", real)
     for name in ["maintain", "validate", "publish"]:  # the retried task, then the rest of the run
         stage(path, name, run_id)
@@ -126,17 +128,17 @@ def test_a_run_re_run_after_a_failed_publish(setup, monkeypatch):
     with pytest.raises(CatalogError):
         stage(path, "publish", run_id)
     monkeypatch.undo()
-    run = p.catalog.run(run_id)
+    run = p.catalog.get_run(run_id)
     assert run.status == "failed" and run.error == "publish: the catalog went away"
     assert zset(p, "t") == Counter({("a", 1): 1, ("a", 2): 1, ("b", 3): 1})  # nothing applied
     for name in STAGES:  # the whole DAG run again, same run id
         stage(path, name, run_id)
-    assert p.catalog.run(run_id).status == "succeeded"
+    assert p.catalog.get_run(run_id).status == "succeeded"
     assert zset(p, "t") == Counter({("a", 1): 1, ("a", 2): 1, ("a", 5): 1, ("b", 3): 2})
     assert p.catalog.watermarks()[("t", "t")] == 1 and p.catalog.watermarks()[("per_k", "t")] == 1
     assert_views_recomputed(p)
     stage(path, "plan", "next")  # a new run finds nothing left to apply
-    assert stage(path, "publish", "next").status == p.catalog.run("next").status == "noop"
+    assert stage(path, "publish", "next").status == p.catalog.get_run("next").status == "noop"
     assert zset(p, "t") == Counter({("a", 1): 1, ("a", 2): 1, ("a", 5): 1, ("b", 3): 2})
 
 
@@ -171,11 +173,6 @@ def test_backfill_on_the_command_line(setup, capsys):
     assert capsys.readouterr().err == "ivm: error: unknown view 'nope'\n"
 
 
-def corrupt(p: Project, view: str, bad) -> None:
-    """Publish a wrong delta layer into ``view`` (what a maintenance bug would leave behind)."""
-    df = bad(p.read_zset(view).limit(1))
-    layer = p.warehouse.write_layer(df, view, "delta")
-    p.catalog.publish("corrupt", [PublishChange(view, p.catalog.state(view).version_id, [layer])], {})
 
 
 @pytest.fixture
@@ -205,7 +202,7 @@ def test_a_replay_from_a_commit_version_repairs_the_views(three_runs):
     tables, marks = {t: zset(p, t) for t in TABLES}, p.catalog.watermarks()
     run_id = "replay-2"
     stage(path, "plan", run_id, views=["big", "joined"], kind="backfill", from_version=2)
-    plan, _ = load_plan(p, run_id)
+    plan, _ = load_plan(p.ctx, run_id)
     assert plan.replay.run_id == runs[1] and plan.replay.snapshot == {"t": 1, "u": 1}
     assert [(t.table, t.from_version, t.to_version) for t in plan.tables] == [("t", 1, 3), ("u", 1, 2)]
     assert {v.view: v.mode for v in plan.views} == dict.fromkeys(VIEWS, "incremental")
@@ -213,11 +210,11 @@ def test_a_replay_from_a_commit_version_repairs_the_views(three_runs):
     for name in STAGES[1:]:
         stage(path, name, run_id)
     assert_views_recomputed(p)
-    trimmed = {s.relation: s for s in p.catalog.run(run_id).stages if s.stage == "trim"}
+    trimmed = {s.relation: s for s in p.catalog.get_run(run_id).stages if s.stage == "trim"}
     # t's changes since t@1: the delta layer the run at t@3 published ((a, 1) out and in again cancel)
     assert trimmed["t"].rows_in == trimmed["t"].delta_rows == 2
     assert {t: zset(p, t) for t in TABLES} == tables and p.catalog.watermarks() == marks
-    run = p.catalog.run(run_id)
+    run = p.catalog.get_run(run_id)
     assert (run.kind, run.mode, run.status) == ("backfill", "replay", "succeeded")
     p.append("u", lines(Path(path).parent / "c6.jsonl", [("a", 10)], "delete", cols=("k", "w")))
     assert {v.view: v.mode for v in p.refresh().views} == {"joined": "incremental"}

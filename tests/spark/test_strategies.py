@@ -16,20 +16,20 @@ from hypothesis import strategies as st
 
 from ivm.maintain.recompute import Evaluator
 from tests.conftest import DISTRIBUTED, drawn_stream
-from tests.spark.test_counting import (
+from tests.helpers import (
     KEYED,
     ROWS,
     STREAMS,
-    _jsonl,
-    _zset,
     apply_batch,
+    as_zset,
     assert_close,
     batch,
     keyed_batch,
     keyed_state,
+    norm,
+    write_jsonl,
 )
-from tests.spark.test_recompute import TABLES as LIBRARY
-from tests.spark.test_recompute import _norm
+from tests.helpers import TABLES as LIBRARY
 
 BAGS = ("r", "s", "clink")
 TABLES = {**{t: LIBRARY[t] for t in BAGS}, **KEYED}
@@ -80,14 +80,15 @@ VIEWS = {name: spec for name, (_, spec) in COPIES.items()}
 
 def load(project, root, bags, keyed):
     for t in BAGS:
-        project.load(t, _jsonl(root / f"{t}-0.jsonl", list(TABLES[t]["columns"]), bags[t]))
+        project.load(t, write_jsonl(root / f"{t}-0.jsonl", list(TABLES[t]["columns"]), bags[t]))
     for t in KEYED:
-        project.load(t, _jsonl(root / f"{t}-0.jsonl", list(TABLES[t]["columns"]), [(k, *v) for k, v in keyed[t].items()]))
+        project.load(t, write_jsonl(root / f"{t}-0.jsonl", list(TABLES[t]["columns"]),
+                                    [(k, *v) for k, v in keyed[t].items()]))
 
 
 def append(project, root, n, bag_changes, keyed_changes):
     for t, items in {**bag_changes, **keyed_changes}.items():
-        project.append(t, _jsonl(root / f"{t}-{n}.jsonl", list(TABLES[t]["columns"]), [r for _, r in items],
+        project.append(t, write_jsonl(root / f"{t}-{n}.jsonl", list(TABLES[t]["columns"]), [r for _, r in items],
                                  [k for k, _ in items]))
 
 
@@ -108,7 +109,7 @@ def duck(bags, keyed) -> dict[str, Counter]:
         con.execute(f"CREATE TABLE {name} ({', '.join(f'{c} {types[x]}' for c, x in table['columns'].items())})")
         if data[name]:
             con.executemany(f"INSERT INTO {name} VALUES ({', '.join('?' * len(table['columns']))})", data[name])
-    return {base: Counter(tuple(_norm(x) for x in r) for r in con.execute(sql).fetchall())
+    return {base: Counter(tuple(norm(x) for x in r) for r in con.execute(sql).fetchall())
             for base, (sql, _) in SQL.items()}
 
 
@@ -120,8 +121,8 @@ def check(project, bags, keyed) -> dict[str, dict]:
     theirs = duck(bags, keyed)
     sets = {}
     for name, (base, spec) in COPIES.items():
-        ours = _zset(project.read_zset(name).collect())
-        full = _zset(ev.relation(name).collect())
+        ours = as_zset(project.read_zset(name).collect())
+        full = as_zset(ev.relation(name).collect())
         if spec["strategy"] != "counting":
             assert set(ours.values()) <= {1}, f"{name}: stored counts {set(ours.values())}, expected each tuple once"
             full = dict.fromkeys(full, 1)
@@ -178,14 +179,14 @@ def test_two_reduce_views_of_one_run_keep_their_steps_apart(make_project, tmp_pa
                        "reduce": {"algorithm": "REDUCE", "multiple_updates": "MU1"}}}
     p = make_project(KEYED, views=views)
     for t, rows in {"emp": [(3, "x", 1)], "dept": [("z", "s"), ("x", None)]}.items():
-        p.load(t, _jsonl(tmp_path / f"{t}.jsonl", list(KEYED[t]["columns"]), rows))
+        p.load(t, write_jsonl(tmp_path / f"{t}.jsonl", list(KEYED[t]["columns"]), rows))
     p.refresh()
-    p.append("emp", _jsonl(tmp_path / "emp-1.jsonl", list(KEYED["emp"]["columns"]),
+    p.append("emp", write_jsonl(tmp_path / "emp-1.jsonl", list(KEYED["emp"]["columns"]),
                            [(2, "y", None), (4, "x", None), (5, None, 0)], ["insert"] * 3))
-    p.append("dept", _jsonl(tmp_path / "dept-1.jsonl", list(KEYED["dept"]["columns"]), [("y", None)], ["insert"]))
+    p.append("dept", write_jsonl(tmp_path / "dept-1.jsonl", list(KEYED["dept"]["columns"]), [("y", None)], ["insert"]))
     assert {w.view: w.mode for w in p.refresh().views} == {"regions": "incremental", "staff": "incremental"}
-    assert _zset(p.read_zset("regions").collect()) == {("x", None): 1, ("y", None): 1}
-    assert _zset(p.read_zset("staff").collect()) == {}
+    assert as_zset(p.read_zset("regions").collect()) == {("x", None): 1, ("y", None): 1}
+    assert as_zset(p.read_zset("staff").collect()) == {}
 
 
 def _stage(project, run_id, view):
@@ -200,10 +201,11 @@ def test_strategy_is_recorded_and_a_change_of_stored_form_recomputes(make_projec
              "north": {"sql": SQL["north"][0], "strategy": "keyed"}}
     p = make_project(KEYED, root=tmp_path / "p", views=views)
     for t in KEYED:
-        p.load(t, _jsonl(tmp_path / f"{t}.jsonl", list(KEYED[t]["columns"]), [(k, *v) for k, v in keyed[t].items()]))
+        p.load(t, write_jsonl(tmp_path / f"{t}.jsonl", list(KEYED[t]["columns"]),
+                              [(k, *v) for k, v in keyed[t].items()]))
     p.refresh()
     assert {v: p.catalog.state(v).form for v in views} == {"regions": "presence", "north": "presence"}
-    p.append("emp", _jsonl(tmp_path / "emp-1.jsonl", list(KEYED["emp"]["columns"]),
+    p.append("emp", write_jsonl(tmp_path / "emp-1.jsonl", list(KEYED["emp"]["columns"]),
                            [(1, "x", 3), (3, "y", 1)], ["delete", "insert"]))
     result = p.refresh()
     work = {w.view: w for w in result.views}
@@ -222,7 +224,7 @@ def test_strategy_is_recorded_and_a_change_of_stored_form_recomputes(make_projec
 
     q = Project.open(str(tmp_path / "p" / "ivm.yaml"))
     q.apply()
-    q.append("dept", _jsonl(tmp_path / "dept-1.jsonl", ["name", "region"], [("z", "n")], ["insert"]))
+    q.append("dept", write_jsonl(tmp_path / "dept-1.jsonl", ["name", "region"], [("z", "n")], ["insert"]))
     w = {x.view: x for x in q.refresh().views}["regions"]
     assert w.mode == "full" and q.catalog.state("regions").form == "counts"
     explained = q.explain("north").to_text()

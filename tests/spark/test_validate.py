@@ -16,18 +16,8 @@ from ivm.errors import ValidationError
 from ivm.maintain.recompute import Evaluator
 from ivm.refresh import begin, load_plan, maintain_stage, plan, publish_stage, trim_stage, validate_stage
 from ivm.validate import key_columns, key_sample
-from tests.spark.test_cream import lines
-from tests.spark.test_stages import corrupt
-
-TABLES = {"t": {"columns": {"k": "string", "v": "int"}}, "u": {"columns": {"k": "string", "w": "int"}}}
-
-
-def views(policy: str = "fail") -> dict:
-    check = {"sample": 1000, "policy": policy}
-    return {"per_k": {"sql": "SELECT k, count(*) AS n, sum(v) AS s FROM t GROUP BY k", "key": ["k"],
-                      "validate": {**check, "expectations": [
-                          {"type": "expect_column_values_to_be_between", "kwargs": {"column": "n", "min_value": 1}}]}},
-            "joined": {"sql": "SELECT t.k, t.v, u.w FROM t JOIN u ON t.k = u.k", "validate": check}}
+from tests.helpers import KV_TABLES as TABLES
+from tests.helpers import corrupt, lines, load_and_change, stage_up_to_validate, views
 
 
 def setup(make_project, tmp_path, policy: str) -> Project:
@@ -36,30 +26,10 @@ def setup(make_project, tmp_path, policy: str) -> Project:
     return p
 
 
-def load_and_change(p: Project, folder: Path) -> None:
-    """Load t and u, refresh, and append a change to t."""
-    p.load("t", lines(folder / "t.jsonl", [("a", 1), ("a", 2), ("b", 3), ("c", 4)], cols=("k", "v")))
-    p.load("u", lines(folder / "u.jsonl", [("a", 10), ("b", 20)], cols=("k", "w")))
-    p.refresh()
-    p.append("t", lines(folder / "c1.jsonl", [("a", 5), ("d", 6)], "insert", cols=("k", "v")))
 
 
-def inject(p: Project, run_id: str) -> None:
-    """Into per_k's staged delta: a row the view does not have (zz), the removal of a row it has (c),
-    and a second copy of a row it has (b)."""
-    plan, _ = load_plan(p, run_id)
-    delta = next(w for w in plan.views if w.view == "per_k").layers["per_k"]
-    rows = p.read_zset("per_k").where(F.col("k").isin("b", "c"))
-    bad = rows.withColumn("__count", F.when(F.col("k") == "c", -1).otherwise(1).cast("long")).unionByName(
-        rows.limit(1).withColumn("k", F.lit("zz")))
-    bad.write.mode("append").parquet(delta.path)
 
 
-def stage_up_to_validate(p: Project, run_id: str) -> None:
-    begin(p, plan(p, run_id=run_id))
-    trim_stage(p, run_id)
-    maintain_stage(p, run_id)
-    inject(p, run_id)
 
 
 def test_injected_errors_are_caught_named_and_block_the_publish(make_project, tmp_path):
@@ -68,7 +38,7 @@ def test_injected_errors_are_caught_named_and_block_the_publish(make_project, tm
     run_id = "inject-fail"
     stage_up_to_validate(p, run_id)
     with pytest.raises(ValidationError) as e:
-        validate_stage(p, run_id)
+        validate_stage(p.ctx, run_id)
     message = str(e.value)
     assert message.startswith("view per_k: 3 of ") and message.endswith(f"after run {run_id}; nothing was published")
     assert "(k='c', n=1, s=4) has count 0, recomputed 1" in message  # the missing row
@@ -85,7 +55,7 @@ def test_injected_errors_are_caught_named_and_block_the_publish(make_project, tm
     (joined,) = p.catalog.validations(view="joined", run_id=run_id)
     assert (joined.status, joined.mismatches) == ("passed", 0) and joined.sample_size > 0
     with pytest.raises(ValidationError, match=f"run {run_id}: validation failed for per_k; nothing was published"):
-        publish_stage(p, run_id)
+        publish_stage(p.ctx, run_id)
     assert {v: p.catalog.state(v).version_id for v in before} == before
 
 
@@ -93,9 +63,9 @@ def test_under_warn_the_run_publishes_and_is_flagged(make_project, tmp_path):
     p = setup(make_project, tmp_path, "warn")
     run_id = "inject-warn"
     stage_up_to_validate(p, run_id)
-    problems = validate_stage(p, run_id)
+    problems = validate_stage(p.ctx, run_id)
     assert list(problems) == ["per_k"] and problems["per_k"].startswith("3 of ")
-    assert publish_stage(p, run_id).status == "succeeded"
+    assert publish_stage(p.ctx, run_id).status == "succeeded"
     (check,) = p.catalog.validations(view="per_k", run_id=run_id)
     assert check.status == "warned" and check.mismatches == 3
     assert p.read_zset("per_k").where("k = 'zz'").count() == 1  # published as it was staged
@@ -154,17 +124,17 @@ def test_a_delta_deleting_what_is_not_there_fails_the_negative_count_check(make_
     before = p.catalog.state("per_k").version_id
     p.append("t", lines(tmp_path / "c1.jsonl", [("a", 9)], "insert", cols=("k", "v")))
     run_id = "negative"
-    begin(p, plan(p, run_id=run_id))
-    trim_stage(p, run_id)
-    maintain_stage(p, run_id)
-    staged, _ = load_plan(p, run_id)
+    begin(p.ctx, plan(p.ctx, run_id=run_id))
+    trim_stage(p.ctx, run_id)
+    maintain_stage(p.ctx, run_id)
+    staged, _ = load_plan(p.ctx, run_id)
     delta = next(w for w in staged.views if w.view == "per_k").layers["per_k"]
     bad = p.read_zset("per_k").where(F.col("k") == "b").withColumn("__count", F.lit(-2).cast("long"))
     bad.write.mode("append").parquet(delta.path)
     with pytest.raises(ValidationError, match=r'tuple \{"k":"b","n":1,"s":1\} would have count -1'):
-        validate_stage(p, run_id)
+        validate_stage(p.ctx, run_id)
     (check,) = p.catalog.validations(view="per_k", run_id=run_id)
     assert check.status == "failed"
     with pytest.raises(ValidationError, match="nothing was published"):
-        publish_stage(p, run_id)
+        publish_stage(p.ctx, run_id)
     assert p.catalog.state("per_k").version_id == before

@@ -77,7 +77,7 @@ def test_views_follow_the_base_tables(project, tmp_path):
     assert_views_match(project)
     watermarks = project.catalog.watermarks()
     assert watermarks[("hop", "link")] == 1 and watermarks[("pages", "visit")] == 0
-    run = project.catalog.run(second.run_id)
+    run = project.catalog.get_run(second.run_id)
     assert {(s.stage, s.relation, s.mode) for s in run.stages if s.stage == "maintain"} == {
         ("maintain", v, "incremental") for v in ["dead_end", "fan", "hop", "shop"]}
     assert project.refresh().status == "noop"
@@ -156,7 +156,8 @@ def test_unmaterialized_view_cannot_be_read(project):
 
 @pytest.mark.parametrize("view, message", [
     ({"sql": "SELECT x FROM link"}, "views.bad: Column 'x' could not be resolved"),
-    ({"sql": "SELECT src FROM link WHERE dst = array(1, 2)"}, "views.bad: Spark cannot evaluate it: .*DATATYPE_MISMATCH"),
+    ({"sql": "SELECT src FROM link WHERE dst = array(1, 2)"},
+     "views.bad: Spark cannot evaluate it: .*DATATYPE_MISMATCH"),
 ])
 def test_apply_refuses_bad_views_and_stores_nothing(tmp_path, spark, view, message):
     path = write_project(tmp_path / "p", TABLES, views={"bad": view})

@@ -25,7 +25,8 @@ VIEWS = {
     "ff_res": "SELECT psgr.ffn FROM psgr, res WHERE psgr.psgr_id = res.psgr_id",
     "ff_res_distinct": "SELECT DISTINCT psgr.ffn FROM psgr, res WHERE psgr.psgr_id = res.psgr_id",
     "many_miles": "SELECT psgr_id FROM psgr WHERE psgr.ffn IN (SELECT ffn FROM ff WHERE miles > 50000)",
-    "bad_flight": "SELECT res_id FROM res WHERE NOT EXISTS (SELECT * FROM flight WHERE flight.flight_id = res.flight_id)",
+    "bad_flight": "SELECT res_id FROM res WHERE NOT EXISTS "
+                  "(SELECT * FROM flight WHERE flight.flight_id = res.flight_id)",
     "seat_taken": "SELECT seat FROM res WHERE NOT EXISTS (SELECT * FROM flight WHERE flight.flight_id = res.flight_id)",
     "all_ffn": "SELECT ffn FROM psgr UNION SELECT ffn FROM ff",
     "per_flight": "SELECT flight_id, count(*) AS n FROM res GROUP BY flight_id",

@@ -61,7 +61,7 @@ def test_publish_stacks_layers_and_replace_starts_over(catalog):
     catalog.start_run("r3", "compact")
     catalog.publish("r3", [PublishChange("t", s2.version_id, [layer("b2", "base")], replace=True)], {})
     assert [x.id for x in catalog.state("t").layers] == ["b2"]
-    run = catalog.run("r2")
+    run = catalog.get_run("r2")
     assert run.status == "succeeded" and run.stages[0].delta_rows == 5
 
 
@@ -115,7 +115,7 @@ def test_leases_exclude_other_runs_until_released_or_expired(catalog):
     catalog.start_run("c", "refresh")
     catalog.finish_run("c", "failed", "boom")  # finishing a run frees its leases
     catalog.acquire_leases("d", ["t"], timedelta(minutes=5))
-    assert catalog.run("c").error == "boom"
+    assert catalog.get_run("c").error == "boom"
 
 
 def test_expired_versions_free_only_unreferenced_layers(catalog):

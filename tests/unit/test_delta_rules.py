@@ -15,7 +15,8 @@ PROGRAM = compile_project(parse_project({
     "tables": {"link": {"columns": {"src": "string", "dst": "string"}}},
     "views": {"hop": {"datalog": "hop(X, Y) :- link(X, Z), link(Z, Y)."},
               "tri_hop": {"datalog": "tri_hop(X, Y) :- hop(X, Z), link(Z, Y)."},
-              "shop": {"sql": "SELECT l1.src, l2.dst FROM link l1 JOIN link l2 ON l1.dst = l2.src WHERE l1.src <> 'z'"}},
+              "shop": {"sql": "SELECT l1.src, l2.dst FROM link l1 JOIN link l2 ON l1.dst = l2.src "
+                              "WHERE l1.src <> 'z'"}},
 }))
 
 
@@ -27,7 +28,7 @@ def test_hop_delta_rules_are_000_d1_and_d2():
     ]
 
 
-def _zset(con, sql: str) -> Counter:
+def as_zset(con, sql: str) -> Counter:
     out: Counter = Counter()
     for *row, count in con.execute(sql).fetchall():
         out[tuple(row)] += count
@@ -48,9 +49,9 @@ def test_delta_rules_as_sql_add_up_to_the_change_of_the_view():
         [rule] = PROGRAM.rules_for(view)
         total: Counter = Counter()
         for d in delta_rules(rule):
-            total.update(_zset(con, d.sql(PROGRAM)))
-        expected = _zset(con, rule_sql(PROGRAM, rule, tuple("new" for _ in rule.body)))
-        expected.subtract(_zset(con, rule_sql(PROGRAM, rule, tuple("old" for _ in rule.body))))
+            total.update(as_zset(con, d.sql(PROGRAM)))
+        expected = as_zset(con, rule_sql(PROGRAM, rule, tuple("new" for _ in rule.body)))
+        expected.subtract(as_zset(con, rule_sql(PROGRAM, rule, tuple("old" for _ in rule.body))))
         assert {k: v for k, v in total.items() if v} == {k: v for k, v in expected.items() if v}, view
         assert total, "the batch changes the view"
 

@@ -154,7 +154,8 @@ def test_a_view_that_selects_its_recursive_cte_as_is_is_the_cte():
                                               "(SELECT 1 FROM r r2 WHERE r2.src = r.dst AND r2.dst = r.src)"}})
     for view in ("reach", "star"):
         assert rules_of(prog, view) == [f"{view}(link_src_2, link_dst_3) :- link(link_src_2, link_dst_3).",
-                                        f"{view}(r_src_5, l_dst_8) :- {view}(r_src_5, r_dst_6), link(r_dst_6, l_dst_8)."]
+                                        f"{view}(r_src_5, l_dst_8) :- {view}(r_src_5, r_dst_6), "
+                                        "link(r_dst_6, l_dst_8)."]
         assert prog.predicates[view].semantics == "set" and prog.predicates[view].columns == ["src", "dst"]
         assert not [p for p in prog.predicates if p.startswith(f"{view}__")]
     for view in ("swapped", "filtered", "twice"):

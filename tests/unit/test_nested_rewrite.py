@@ -60,7 +60,8 @@ def test_views_share_an_extraction_function():
 
 def test_recursive_rules_keep_their_unnests():
     p = program({"r": {"datalog": "r(X, Y) :- fam_ref(X, Y). r(X, Y) :- r(X, Z), fam_ref(Z, Y)."},
-                 "v": {"sql": "WITH RECURSIVE c(a, b) AS (SELECT f.id, t FROM fam f LATERAL VIEW explode(f.tags) x AS t "
+                 "v": {"sql": "WITH RECURSIVE c(a, b) AS "
+                              "(SELECT f.id, t FROM fam f LATERAL VIEW explode(f.tags) x AS t "
                               "UNION SELECT c.a, c.b FROM c JOIN fam f ON f.id = c.a) SELECT a, b FROM c"}})
     assert not [n for n, d in p.predicates.items() if d.kind == "extraction"]
 

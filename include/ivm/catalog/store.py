@@ -37,7 +37,7 @@ from ivm.catalog.models import (
     Watermark,
     utcnow,
 )
-from ivm.errors import CatalogError, ChangeDataError, LeaseError
+from ivm.errors import CatalogError, ChangeDataError, LeaseError, one_line
 from ivm.storage import WrittenLayer
 
 log = logging.getLogger(__name__)
@@ -165,7 +165,8 @@ class Catalog:
                 cfg.attributes["connection"] = conn
                 command.upgrade(cfg, "head")
         except OperationalError as e:
-            raise CatalogError(f"catalog {self.masked_url} is unreachable: {str(e.orig).strip().splitlines()[0]}") from e
+            first = str(e.orig).strip().splitlines()[0]
+            raise CatalogError(f"catalog {self.masked_url} is unreachable: {first}") from e
 
     def dispose(self) -> None:
         self.engine.dispose()
@@ -316,6 +317,28 @@ class Catalog:
 
     # -- runs ------------------------------------------------------------------------------------
 
+    @contextmanager
+    def run(self, run_id: str, kind: str | None = None, snapshot: dict[str, int] | None = None,
+            relations: Iterable[str] = (), mode: str | None = None, leases: Iterable[str] = (),
+            lease_timeout: timedelta | None = None, keep_leases: bool = False,
+            failure: str = "") -> Iterator[str]:
+        """A run's start and fail bookkeeping, in one place: start the run (``kind`` None: an earlier
+        stage of it started it, as an Airflow task's stage), take the leases on ``leases`` (all or none),
+        and if the body raises, record the run failed with the error's first line (after ``failure``, e.g.
+        the stage's name) and raise it again. ``keep_leases``: a failed stage of a run that may be
+        retried keeps its leases until they expire or a retry publishes. Success is the body's to record
+        (a publish, or `finish_run`)."""
+        if kind is not None:
+            self.start_run(run_id, kind, snapshot, relations, mode)
+        try:
+            leases = list(leases)
+            if leases:
+                self.acquire_leases(run_id, leases, lease_timeout or timedelta(minutes=60))
+            yield run_id
+        except BaseException as e:
+            self.finish_run(run_id, "failed", failure + one_line(e), keep_leases=keep_leases)
+            raise
+
     def start_run(self, run_id: str, kind: str, snapshot: dict[str, int] | None = None,
                   relations: Iterable[str] = (), mode: str | None = None) -> None:
         with self.session() as s:
@@ -371,7 +394,7 @@ class Catalog:
                  .order_by(Run.started_at.desc(), RunStage.id.desc()).limit(limit))
             return [(int(r or 0), float(sec)) for r, sec in s.execute(q)]
 
-    def run(self, run_id: str) -> Run | None:
+    def get_run(self, run_id: str) -> Run | None:
         with self.session() as s:
             return s.get(Run, run_id)
 

@@ -10,9 +10,18 @@ from sqlglot.errors import ParseError
 from ivm.config import ProjectConfig
 from ivm.errors import ConfigError
 from ivm.ir import Atom, GroupBy, Literal, Predicate, Program, Rule, SetOf, column_names
+from ivm.lang.auxiliary_views import auxiliary_views
 from ivm.lang.datalog import parse_program
+from ivm.lang.nested import extraction_functions, owner_indexes, resolve_collections
 from ivm.lang.sql import SqlCompiler
-from ivm.maintain import cream, nested
+
+#: the compile-time passes over the front ends' program, in order (sqlglot's optimizer's RULES): each a
+#: function from (program, project) to a new program
+PASSES = (
+    auxiliary_views,  # 001 Figure 1, Step 1: setof and non-distributive GROUPBY over auxiliary views
+    extraction_functions,  # 002 §2.2: unnests as extraction functions, element-level deltas
+    owner_indexes,  # 002 §4.2: nesting tables read through the views' owner indexes
+)
 
 
 def _sql_references(name: str, sql: str) -> set[str]:
@@ -79,8 +88,7 @@ def compile_project(config: ProjectConfig) -> Program:
         if view.language == "sql":
             refs[name] = _sql_references(name, view.definition)
         else:
-            parsed[name] = nested.resolve_collections(parse_program(view.definition, name, config.aggregates),
-                                                      config, name)
+            parsed[name] = resolve_collections(parse_program(view.definition, name, config.aggregates), config, name)
             refs[name] = _datalog_references(parsed[name])
     order: list[str] = []
     state: dict[str, int] = {}
@@ -105,6 +113,6 @@ def compile_project(config: ProjectConfig) -> Program:
             add_datalog_view(program, v, parsed[v])
         else:
             sql.compile_view(v, config.views[v].definition)
-    cream.rewrite(program, lambda view: config.views[view].auxiliary_views)  # 001 Figure 1, Step 1
-    nested.rewrite(program, config)  # 002 §2.2's extraction functions, §4.2's owner indexes
+    for rewrite in PASSES:
+        program = rewrite(program, config)
     return program

@@ -44,7 +44,7 @@ from ivm.ir import (
     Var,
     Wildcard,
 )
-from ivm.maintain.nested import COLLECTION_VARIABLE
+from ivm.lang.nested import COLLECTION_VARIABLE
 
 GRAMMAR = r"""
     program: rule*
@@ -146,7 +146,7 @@ class _ToIR(Transformer):
 
     def collection(self, var: Token, *args):
         """HiLog's ``Y(Z, A)``: the nested collection Y refers to (002 Example 2.1), resolved against the
-        project's ``nested:`` columns by ivm.maintain.nested.resolve_collections."""
+        project's ``nested:`` columns by ivm.lang.nested.resolve_collections."""
         return Atom(COLLECTION_VARIABLE + str(var), tuple(a for a in args if a is not None))
 
     def negation(self, atom: Atom):

@@ -20,6 +20,7 @@ from ivm.maintain.counting import Counting, presence_change
 from ivm.maintain.fixpoint import as_set
 from ivm.maintain.keyed import KeyBased
 from ivm.maintain.recompute import Evaluator
+from ivm.maintain.strategy import KEYED, REDUCE, Strategy
 from ivm.stratify import Strata
 from ivm.zset import change_sizes, consolidate
 
@@ -63,24 +64,31 @@ class CountFree:
         return Evaluator(self.program, self.strata, {t: self.relation(t, state) for t in tables},
                          scratch=self.states.scratch)
 
-    def maintain(self, view: str, strategy: str, config: ViewConfig, tables: list[str]) -> Outcome:
+    def maintain(self, view: str, strategy: Strategy, config: ViewConfig, tables: list[str]) -> Outcome:
+        """The view's change, by ``strategy`` (key-based or reducing), from its tables' set changes."""
         changed = [t for t in tables if self.set_change(t) is not None]
         if not changed:
             return Outcome(None, notes=["the tables' changes leave their sets unchanged"])
-        old_view = self.states.old(view)
-        if strategy == "reduce":
-            s = reduce.shape(self.program, view)
-            assert not isinstance(s, str), s
-            r = reduce.Reducer(self.program, s, config.reduce.algorithm, config.reduce.multiple_updates, config.key,
-                               self.relation, lambda t: self.set_change(t) if t in changed else None,
-                               old_view, self.states.scratch, self.evaluator("old"))
-            delta = r.run()
-            steps = [st for t in r.traces for st in t.steps]
-            detail = {"candidate rows": sum(st.candidate or 0 for st in steps),
-                      "existing rows": sum(st.existing or 0 for st in steps),
-                      "target rows": sum(t.target for t in r.traces), "join steps": len(steps)}
-            notes = [f"{t.table} {t.kind}: {t.shortcut}" for t in r.traces if t.shortcut]
-            return Outcome(delta, detail, notes, r.traces)
+        run = {KEYED: self._keyed, REDUCE: self._reduce}[strategy]
+        return run(view, config, changed, self.states.old(view))
+
+    def _reduce(self, view: str, config: ViewConfig, changed: list[str], old_view: DataFrame) -> Outcome:
+        """004's reducing algorithms (ivm.maintain.reduce)."""
+        s = reduce.shape(self.program, view)
+        assert not isinstance(s, str), s
+        r = reduce.Reducer(self.program, s, config.reduce.algorithm, config.reduce.multiple_updates, config.key,
+                           self.relation, lambda t: self.set_change(t) if t in changed else None,
+                           old_view, self.states.scratch, self.evaluator("old"))
+        delta = r.run()
+        steps = [st for t in r.traces for st in t.steps]
+        detail = {"candidate rows": sum(st.candidate or 0 for st in steps),
+                  "existing rows": sum(st.existing or 0 for st in steps),
+                  "target rows": sum(t.target for t in r.traces), "join steps": len(steps)}
+        notes = [f"{t.table} {t.kind}: {t.shortcut}" for t in r.traces if t.shortcut]
+        return Outcome(delta, detail, notes, r.traces)
+
+    def _keyed(self, view: str, config: ViewConfig, changed: list[str], old_view: DataFrame) -> Outcome:
+        """003's derived rules (ivm.maintain.keyed), or its rematerialization rule (§5.4)."""
         kb = KeyBased(self.program, view, lambda t: self.set_change(t) if t in changed else None, old_view,
                       self.evaluator("old"), self.evaluator("new"))
         present = {t: self._operations(t) for t in changed}

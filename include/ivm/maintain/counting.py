@@ -39,41 +39,39 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from ivm.config import COUNT_COLUMN
 from ivm.ir import Atom, BodyItem, GroupBy, Literal, Program, SetOf, Var, Wildcard
+from ivm.lang.auxiliary_views import case1, set_changes_known
+from ivm.lang.nested import EXTRACTION, extractions
 from ivm.maintain import cream, nested, references
 from ivm.maintain.delta_rules import DELTA, NEW, OLD, DeltaRule, delta_rules
 from ivm.maintain.dred import DRed, RuleChange
-from ivm.maintain.groupby import GroupByState, distinct_args, distinct_name
+from ivm.maintain.groupby import GroupByState, distinct_args, distinct_name, groupby_subgoals
 from ivm.maintain.recompute import Evaluator, as_used, connected, join_order
-from ivm.storage import Scratch
+from ivm.maintain.states import RunStates
+from ivm.maintain.stats import MaintainStats
 from ivm.stratify import Component, Strata
-from ivm.zset import BROADCAST_BYTES, anti_join, consolidate, one_partition, restrict, small_change, union_all
+from ivm.zset import (
+    BROADCAST_BYTES,
+    anti_join,
+    consolidate,
+    negate,
+    one_partition,
+    quote,
+    restrict,
+    small_change,
+    union_all,
+)
 
 log = logging.getLogger(__name__)
 C = COUNT_COLUMN
 
 
-def _q(name: str) -> str:
-    return f"`{name}`"
-
-
 # -- the relations a view stores ----------------------------------------------------------------------
-
-
-def groupby_subgoals(program: Program, pred: str) -> list[tuple[str, int, GroupBy]]:
-    """(state relation name, body index, subgoal) of every GROUPBY subgoal in the rules of ``pred``."""
-    out = []
-    for r, rule in enumerate(program.rules_for(pred)):
-        for j, item in enumerate(rule.body):
-            if isinstance(item, GroupBy):
-                out.append((f"{pred}__agg{r}_{j}", j, item))
-    return out
 
 
 def ephemeral(program: Program, strata: Strata) -> set[str]:
@@ -147,77 +145,6 @@ def materialize(ev: Evaluator, states: dict[str, GroupByState], view: str):
         yield pred, ev.relation(pred)
 
 
-# -- a run's view of the stored relations ------------------------------------------------------------------
-
-
-@dataclass
-class RunStates:
-    """Relations as one refresh sees them: the published layers (the old state), and what this run
-    wrote: a delta layer (Pᵛ = P ⊎ Δ(P)) or, for a full recompute, a new base layer."""
-
-    read: Callable[[str, list[str]], DataFrame]                      # (relation, layer paths) -> Z-set
-    write_delta: Callable[[str, DataFrame], tuple[str, int, int] | None]  # (relation, Δ) -> (path, bytes, rows)
-    #: the run's intermediate results (set changes, fixpoint rounds)
-    scratch: Scratch
-    old_paths: dict[str, list[str]] = field(default_factory=dict)
-    #: rows of each relation's published layers (as the catalog records them; None: some layer's unknown)
-    old_rows: dict[str, int | None] = field(default_factory=dict)
-    delta_paths: dict[str, str] = field(default_factory=dict)
-    #: bytes of each delta layer: small ones are broadcast into the joins of the delta rules
-    delta_bytes: dict[str, int] = field(default_factory=dict)
-    #: rows of each delta layer, and the most a run's deltas may hold to be planned in one partition
-    #: (`spark.single_partition_rows`; 0: never)
-    delta_rows: dict[str, int] = field(default_factory=dict)
-    single_partition_rows: int = 0
-    replaced: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def small(self) -> bool:
-        """Whether the run's deltas so far (its tables', then each one it derives and writes) are
-        together a small change: read in one partition, and the stored relations restricted to their
-        keys gathered in one (`zset.one_partition`). A derived delta that grows past the limit (a
-        join's fan-out) turns the rest of the run to the distributed plan."""
-        return small_change(sum(self.delta_rows.values()), self.single_partition_rows)
-
-    def fits_one_partition(self, name: str) -> bool:
-        """Whether the run is small and ``name``'s published layers are too (`spark.single_partition_rows`):
-        read whole into the run's one partition, they need no restriction to the keys in play."""
-        rows = self.old_rows.get(name)
-        return self.small and rows is not None and small_change(rows, self.single_partition_rows)
-
-    def old(self, name: str) -> DataFrame:
-        return self.read(name, self.old_paths.get(name, []))
-
-    def new(self, name: str) -> DataFrame:
-        if name in self.replaced:
-            return self.read(name, [self.replaced[name]])
-        return self.read(name, self.old_paths.get(name, []) + ([self.delta_paths[name]]
-                                                                if name in self.delta_paths else []))
-
-    def delta(self, name: str) -> DataFrame | None:
-        if name not in self.delta_paths:
-            return None
-        return self.read_written(name, [self.delta_paths[name]])
-
-    def read_written(self, name: str, paths: list[str]) -> DataFrame:
-        """What this run wrote of ``name`` (a delta layer, a set change), read back: in one partition
-        when the run is small."""
-        df = self.read(name, paths)
-        return one_partition(df) if self.small else df
-
-    def note(self, name: str, path: str, size: int, rows: int) -> None:
-        """A delta layer of ``name`` this run reads: a table's net delta, a view's from an earlier stage."""
-        self.delta_paths[name], self.delta_bytes[name], self.delta_rows[name] = path, size, rows
-
-    def put_delta(self, name: str, df: DataFrame) -> DataFrame | None:
-        """Write Δ(name) as a delta layer and read it back (a materialized, reusable plan)."""
-        written = self.write_delta(name, df)
-        if written is None:
-            return None
-        self.note(name, *written)
-        return self.delta(name)
-
-
 def presence_change(old_rows: DataFrame, delta_rows: DataFrame, columns: list[str], small: bool = False) -> DataFrame:
     """For each tuple of ``delta_rows``: +1 if it was absent (count ≤ 0) and is present after the
     delta, -1 if it was present and is not; tuples whose presence did not change are dropped.
@@ -226,9 +153,10 @@ def presence_change(old_rows: DataFrame, delta_rows: DataFrame, columns: list[st
     Δ(Q̄). The old counts are consolidated only for the keys in the delta (``small``: a small
     change's, `zset.restrict`).
     """
-    cols = [F.col(_q(c)) for c in columns]
+    cols = [F.col(quote(c)) for c in columns]
     keys = delta_rows.select(*cols).distinct()
-    old = restrict(old_rows, keys, columns, small).select(*cols, F.col(C).alias("__o"), F.lit(0).cast("long").alias("__d"))
+    old = restrict(old_rows, keys, columns, small).select(*cols, F.col(C).alias("__o"),
+                                                          F.lit(0).cast("long").alias("__d"))
     new = delta_rows.select(*cols, F.lit(0).cast("long").alias("__o"), F.col(C).alias("__d"))
     counts = old.unionByName(new).groupBy(*cols).agg(F.sum("__o").alias("__o"), F.sum("__d").alias("__d"))
     before, after = F.col("__o") > 0, (F.col("__o") + F.col("__d")) > 0
@@ -263,22 +191,18 @@ class Counting:
         self.dred_stats: dict[Component, dict[str, int]] = {}
         #: tuples of each extraction function's delta in this run (002 §2.2: the changed elements)
         self.extraction_rows: dict[str, int] = {}
-        #: collection ids each owner index was probed with in this run (002 §4.3)
-        self.probes: dict[str, int] = {}
-        #: subgoals delta rules took from the deltas (keyed lookups, foreign keys), with how often
-        self.shortcuts: dict[str, int] = {}
+        #: what maintaining the current view did beyond its delta (`maintain_view` returns it)
+        self.stats = MaintainStats()
         #: the keys each shortcut reads from storage in this run
         self.shortcut_keys: dict[references.Shortcut, references.KeysRead] = {}
         #: keys of a keyed table's net delta that are updates (both images), as its trim observed them
         #: (absent: not known); none means a foreign key's "read for updated keys" reads nothing
         self.updated_keys: dict[str, int] = {}
-        #: per predicate, the unchanged subgoals its delta rules joined once for all terms (`factored`)
-        self.factorings: dict[str, list[str]] = {}
 
     # -- states of a subgoal's predicate ---------------------------------------------------------------
 
     def changed(self, pred: str) -> bool:
-        if pred not in self.used_delta and self.program.predicates[pred].kind == nested.EXTRACTION:
+        if pred not in self.used_delta and self.program.predicates[pred].kind == EXTRACTION:
             nested.extraction_delta(self, pred)
         return pred in self.used_delta
 
@@ -313,7 +237,7 @@ class Counting:
             return self.used_delta[pred]
         self._stored(pred)
         p = self.program.predicates[pred]
-        if p.kind == nested.EXTRACTION:  # e_S at the parent's state (002 §2.2: e is not stored)
+        if p.kind == EXTRACTION:  # e_S at the parent's state (002 §2.2: e is not stored)
             [rule] = self.program.rules_for(pred)
             return self.ev.rule(rule, lambda j, item: self.ev.atom(item.atom, self.joined(item.atom.pred, state)))
         rows = self.states.new(pred) if state == NEW else self.states.old(pred)
@@ -341,7 +265,7 @@ class Counting:
         raw = self.states.new(atom.pred) if state == NEW else self.states.old(atom.pred)
         if groups is not None and group_vars:
             position = {a.name: c for c, a in zip(p.columns, atom.args, strict=True) if isinstance(a, Var)}
-            keys = groups.select(*[F.col(_q(v)).alias(position[v]) for v in group_vars])
+            keys = groups.select(*[F.col(quote(v)).alias(position[v]) for v in group_vars])
             raw = restrict(raw, keys, [position[v] for v in group_vars], self.states.small)
         return as_used(p, consolidate(raw))
 
@@ -351,6 +275,20 @@ class Counting:
         return consolidate(self.ev.atom(atom, self.source(atom, state, groups, group_vars)))
 
     # -- Algorithm 4.1 --------------------------------------------------------------------------------
+
+    def maintain_view(self, view: str) -> MaintainStats:
+        """Δ of each of the view's predicates (`maintain`), and what it took beyond the deltas."""
+        self.stats = MaintainStats()
+        preds = view_predicates(self.program, self.strata, view)
+        for pred in preds:
+            self.maintain(pred)
+        for component, stats in self.dred_stats.items():
+            if set(preds) & set(component.predicates):
+                self.stats.dred = {k: self.stats.dred.get(k, 0) + n for k, n in stats.items()}
+        for e in extractions(self.program, self.strata.upstream(view)):
+            if e in self.extraction_rows:  # 002 §2.2: only the elements that changed
+                self.stats.changed_elements[e] = self.extraction_rows[e]
+        return self.stats
 
     def maintain(self, pred: str) -> DataFrame | None:
         """Δ(pred) from the delta rules whose Δ subgoal changed; written as a delta layer of ``pred``
@@ -412,7 +350,7 @@ class Counting:
             if not isinstance(item, Literal):
                 return not isinstance(item, GroupBy | SetOf)
             p = self.program.predicates[item.atom.pred]
-            return not (item.negated or item.null_safe or p.kind == nested.EXTRACTION or p.role is not None)
+            return not (item.negated or item.null_safe or p.kind == EXTRACTION or p.role is not None)
 
         if not all(plain(item) for item in body):
             return None
@@ -434,7 +372,7 @@ class Counting:
                                  join_order(body, among=shared, bound=bound), df=terms)
         log.info("%s: %d delta rules joined once with %s (unchanged)", pred, len(ds),
                  ", ".join(body[j].atom.pred for j in sorted(shared)))
-        self.factorings[pred] = sorted(body[j].atom.pred for j in shared)
+        self.stats.joined_once[pred] = sorted(body[j].atom.pred for j in shared)
         return self.ev.finish(rule, df, inner | shared, self.ev.absent)
 
     def subgoal(self, pred: str, r: int, j: int, item: BodyItem, state: str) -> DataFrame | None:
@@ -456,13 +394,13 @@ class Counting:
         return self.ev.setof(item, self.source(item.atom, state))
 
     def absent(self, item: Literal, df: DataFrame, state: str) -> DataFrame:
-        """``not q(...)`` applied to ``df``: 000 §6.1 cases 1 and 2, Q̄ from the old Q after the Δ
+        """``not quote(...)`` applied to ``df``: 000 §6.1 cases 1 and 2, Q̄ from the old Q after the Δ
         subgoal, from Qᵛ before it (restricted to the keys of ``df``)."""
         shared = [v for v in item.atom.variables() if v in df.columns]
         rows = self.states.new(item.atom.pred) if state == NEW else self.states.old(item.atom.pred)
         q = self.ev.atom(item.atom, rows)
         if shared:
-            q = restrict(q, df.select(*[F.col(_q(v)) for v in shared]).distinct(), shared, self.states.small)
+            q = restrict(q, df.select(*[F.col(quote(v)) for v in shared]).distinct(), shared, self.states.small)
         return anti_join(df, consolidate(q).where(F.col(C) > 0), item.null_safe)
 
     def negation_delta(self, atom: Atom) -> DataFrame:
@@ -471,12 +409,12 @@ class Counting:
         if self.set_changes(atom.pred) and not any(isinstance(a, Wildcard) for a in atom.args):
             # Q's tuples count 1 and its Δ is set(Qᵛ) − set(Q) (`set_changes`); so is a selection of it
             # (constants, repeated variables): -1 tuples were present and are gone, +1 ones the reverse
-            return delta.withColumn(C, -F.col(C))
+            return negate(delta)
         variables = [a.name for a in dict.fromkeys(x for x in atom.args if isinstance(x, Var))]
         old = self.ev.atom(atom, self.states.old(atom.pred))
         # the raw Δ(Q), not the set change: presence is judged on Q's own counts
         change = presence_change(old, delta, variables, self.states.small)
-        return change.withColumn(C, -F.col(C))
+        return negate(change)
 
     def groupby_delta(self, name: str, g: GroupBy) -> DataFrame:
         """000 Algorithm 6.1: Δ(T) for the groups Δ(U) touches, from the stored state (written once, as
@@ -530,18 +468,18 @@ class Counting:
 
     def _setof_delta(self, pred: str, r: int | str, s: SetOf) -> DataFrame:
         group = [v.name for v in s.group()]
-        if not cream.set_changes_known(self.program, s):
+        if not set_changes_known(self.program, s):
             # no auxiliary view (`auxiliary_views: false`) over a bag or a projection: the touched groups'
             # sets are read from φ before and after the change, as 001 §3's Γ1–Γ6 do
-            touched = self.ev.atom(s.atom, self.used_delta[s.atom.pred]).select(*[F.col(_q(v)) for v in group]) \
+            touched = self.ev.atom(s.atom, self.used_delta[s.atom.pred]).select(*[F.col(quote(v)) for v in group]) \
                 .distinct() if group else None
             before = self.ev.setof(s, self.source(s.atom, OLD, touched, group))
             after = self.ev.setof(s, self.source(s.atom, NEW, touched, group))
-            return consolidate(after.unionByName(before.withColumn(C, -F.col(C))))
+            return consolidate(after.unionByName(negate(before)))
         # CReaM Step 4 (001 Figure 1): Δ1–Δ6 over v_a and φ's set changes φ⁺/φ⁻
         changes = self.ev.atom(s.atom, self.used_delta[s.atom.pred])
         rule = self.program.rules_for(pred)[r] if isinstance(r, int) else None
-        if rule is not None and cream.case1(self.program, rule, s):
+        if rule is not None and case1(self.program, rule, s):
             def old_sets(groups: DataFrame | None) -> DataFrame:  # Case 1: v holds the sets itself
                 sets = self.ev.atom(rule.head, self.states.old(pred))
                 if groups is not None:  # the touched groups' tuples, consolidated (not all of the view)

@@ -5,7 +5,7 @@ steps of Figure 1:
 
   Step 1  **Rewrite** the view over an auxiliary view that keeps every non-aggregated variable:
           ``v_a(X̄, Z̄, W) :- setof(Ȳ, φ(X̄, Ȳ, Z̄), W)`` and ``v(X̄, A) :- v_a(X̄, Z̄, W), agg(W, A)``
-          (``rewrite``; one auxiliary view per setof subgoal, 001 §4's k-subgoal case).
+          (ivm.lang.auxiliary_views, at compile time; one auxiliary view per setof subgoal, 001 §4's k-subgoal case).
   Step 2  **Materialize** v_a: it is an auxiliary predicate of the view, stored like any other.
   Step 3  **Count** the derivations of v's tuples: v keeps ``__count`` (the counting algorithm, 000 §4).
   Step 4  **Maintain** v_a with the differential rules Δ1–Δ6 of 001 §3 (Case 1: every variable bound
@@ -46,96 +46,13 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from ivm.config import COUNT_COLUMN
-from ivm.ir import Atom, BodyItem, GroupBy, Literal, Predicate, Program, Rule, SetOf, Var, column_names
-from ivm.maintain.groupby import kind
+from ivm.ir import Atom, BodyItem, GroupBy, Literal, Program, Rule, SetOf
+from ivm.ir import aggregate_kind as kind
+from ivm.lang.auxiliary_views import RECOMPUTED, ROLE, set_changes_known
 from ivm.maintain.recompute import set_element
+from ivm.zset import quote
 
 C = COUNT_COLUMN
-ROLE = "cream"
-#: the kinds of aggregates (ivm.maintain.groupby.kind) whose touched groups are recomputed from the input
-RECOMPUTED = {"recompute", "min", "max"}
-
-
-def _q(name: str) -> str:
-    return f"`{name}`"
-
-
-def pure(atom: Atom) -> bool:
-    """The atom reads its predicate without selection or projection: distinct variables only."""
-    names = [a.name for a in atom.args if isinstance(a, Var)]
-    return len(names) == len(atom.args) == len(set(names))
-
-
-def set_changes_known(program: Program, s: SetOf) -> bool:
-    """φ⁺ and φ⁻ are φ's own set changes: the setof reads a set predicate whole (v_a, a keyed table, a
-    view's own set predicate), so Δ1–Δ6 apply without re-reading φ."""
-    return pure(s.atom) and program.predicates[s.atom.pred].semantics == "set"
-
-
-def case1(program: Program, rule: Rule, s: SetOf) -> bool:
-    """001 §3 Case 1 with the view as its own v_a: the rule is ``v(X̄, W) :- setof(Ȳ, φ(X̄, Ȳ), W)``
-    (the head is exactly the setof's outer variables and W), it is the predicate's only rule, and φ is
-    a set read without projection, so its set changes are φ⁺ and φ⁻."""
-    head = [a.name for a in rule.head.args if isinstance(a, Var)]
-    return (rule.body == (s,) and len(head) == len(rule.head.args) == len(set(head))
-            and set(head) == {v.name for v in s.group()} | {s.result.name}
-            and len(program.rules_for(rule.head.pred)) == 1 and set_changes_known(program, s))
-
-
-def _serves_as_auxiliary(program: Program, view: str, atom: Atom, semantics: str) -> bool:
-    """The subgoal reads a predicate the view stores itself, whole: that predicate already is the
-    auxiliary view (the GROUP BY input of a SQL view, a Datalog view's own set predicate)."""
-    p = program.predicates[atom.pred]
-    return (p.kind == "aux" and p.owner == view and pure(atom)
-            and (semantics == "bag" or p.semantics == "set"))
-
-
-def needs_auxiliary(program: Program, rule: Rule, item: BodyItem) -> str | None:
-    """The semantics of the auxiliary view Step 1 gives this subgoal (set for a setof, bag for a GROUPBY's
-    multisets), or None when it needs none."""
-    view = program.owner(rule.head.pred)
-    if isinstance(item, SetOf):
-        if case1(program, rule, item) or _serves_as_auxiliary(program, view, item.atom, "set"):
-            return None
-        return "set"
-    if isinstance(item, GroupBy) and any(kind(a) in RECOMPUTED for a in item.aggregates):
-        return None if _serves_as_auxiliary(program, view, item.atom, "bag") else "bag"
-    return None
-
-
-def rewrite(program: Program, enabled: Callable[[str], bool]) -> None:
-    """Step 1 for every view with ``enabled(view)``: each setof subgoal (and each GROUPBY subgoal with a
-    non-distributive aggregate) that needs one reads an auxiliary view ``<view>__va<n>`` defined by
-    ``v_a(X̄, Z̄, Ȳ) :- φ(...)``, the subgoal's atom over its variables."""
-    counters: dict[str, int] = {}
-    rules: list[Rule] = []
-    for rule in program.rules:
-        view = program.owner(rule.head.pred)
-        body = list(rule.body)
-        for j, item in enumerate(body):
-            semantics = needs_auxiliary(program, rule, item) if enabled(view) else None
-            if semantics is None:
-                continue
-            assert isinstance(item, SetOf | GroupBy)
-            if isinstance(item, SetOf):
-                keep = [*item.group(), *item.elements]  # X̄, Z̄ then Ȳ: every variable of φ
-            else:
-                used = {item.atom.args.index(v) for v in item.by} | {
-                    i for a in item.aggregates if a.arg is not None for v in a.arg.variables()
-                    for i, t in enumerate(item.atom.args) if isinstance(t, Var) and t.name == v}
-                keep = list(dict.fromkeys(item.atom.args[i] for i in sorted(used)))
-            n = counters.get(view, 0) + 1
-            while f"{view}__va{n}" in program.predicates:
-                n += 1
-            counters[view] = n
-            head = Atom(f"{view}__va{n}", tuple(keep))
-            program.predicates[head.pred] = Predicate(head.pred, column_names(head), "aux", semantics,  # type: ignore[arg-type]
-                                                      owner=view, role=ROLE)
-            rules.append(Rule(head, (Literal(item.atom),)))
-            body[j] = (SetOf(item.elements, head, item.result) if isinstance(item, SetOf)
-                       else GroupBy(head, item.by, item.aggregates))
-        rules.append(Rule(rule.head, tuple(body)))
-    program.rules[:] = rules
 
 
 # -- Step 4: Δ1–Δ6 ----------------------------------------------------------------------------------------
@@ -163,23 +80,23 @@ def set_delta(s: SetOf, changes: DataFrame, old_sets: Callable[[DataFrame | None
         changes = changes.where(e.isNotNull())
     sets = [F.array_sort(F.collect_set(F.when(c > 0, e))).alias("__plus"),
             F.array_sort(F.collect_set(F.when(c < 0, e))).alias("__minus")]
-    per_group = changes.groupBy(*[F.col(_q(g)) for g in group]).agg(*sets) if group else changes.agg(*sets)
-    old = old_sets(per_group.select(*[F.col(_q(g)) for g in group]) if group else None)
-    old = old.select(*[F.col(_q(g)).alias(f"__o_{g}") for g in group], F.col(_q(w)).alias("__old"))
+    per_group = changes.groupBy(*[F.col(quote(g)) for g in group]).agg(*sets) if group else changes.agg(*sets)
+    old = old_sets(per_group.select(*[F.col(quote(g)) for g in group]) if group else None)
+    old = old.select(*[F.col(quote(g)).alias(f"__o_{g}") for g in group], F.col(quote(w)).alias("__old"))
     if group:
-        cond = reduce(lambda a, b: a & b, [per_group[_q(g)].eqNullSafe(old[_q(f"__o_{g}")]) for g in group])
+        cond = reduce(lambda a, b: a & b, [per_group[quote(g)].eqNullSafe(old[quote(f"__o_{g}")]) for g in group])
         joined = per_group.join(old, cond, "left")
     else:
         joined = per_group.crossJoin(old)
     plus, minus, before = F.col("__plus"), F.col("__minus"), F.col("__old")
     after = F.array_sort(F.when(before.isNull(), F.array_except(plus, minus))                     # Δ1
                          .otherwise(F.array_except(F.array_union(before, plus), minus)))           # Δ2, Δ3
-    keys = [F.col(_q(g)) for g in group]
+    keys = [F.col(quote(g)) for g in group]
     removed = joined.where(before.isNotNull()).select(*keys, before.alias(w), F.lit(-1).cast("long").alias(C))
     # Δ4: an emptied group has no v_a⁺ (a global setof keeps its one row, as the full evaluation does)
     added = joined.select(*keys, after.alias(w), F.lit(1).cast("long").alias(C))
     if group:
-        added = added.where(F.size(F.col(_q(w))) > 0)
+        added = added.where(F.size(F.col(quote(w))) > 0)
     return removed.unionByName(added)                                                            # Δ4–Δ6: W' out
 
 
@@ -201,7 +118,8 @@ def auxiliary_views(program: Program, view: str) -> list[dict]:
             phi = lit.atom
             if isinstance(item, SetOf):
                 outer = ", ".join(v.name for v in item.group())
-                stands = f"{va}({outer}{', ' if outer else ''}{item.result}) :- {SetOf(item.elements, phi, item.result)}"
+                setof = SetOf(item.elements, phi, item.result)
+                stands = f"{va}({outer}{', ' if outer else ''}{item.result}) :- {setof}"
                 used = Atom(va, (*item.group(), item.result))
                 over = Rule(rule.head, tuple(used if i is item else i for i in rule.body))
                 how = ("Δ1–Δ6 (001 §3) over v_a and φ⁺/φ⁻; stored unnested, one row per element with its "

@@ -50,10 +50,10 @@ from ivm.maintain.fixpoint import (
 )
 from ivm.storage import with_count
 from ivm.stratify import Component, Strata, stratify
-from ivm.zset import anti_join, consolidate, restrict, union_all
+from ivm.zset import anti_join, consolidate, negate, restrict, union_all
 
 if TYPE_CHECKING:
-    from ivm.maintain.counting import Counting
+    from ivm.maintain.states import DeltaContext
 
 log = logging.getLogger(__name__)
 C = COUNT_COLUMN
@@ -103,7 +103,7 @@ def rule_change(old: Program, new: Program, view: str) -> RuleChange | str:
     DRed can when the view keeps its predicates (names, columns, semantics) and its recursive
     components, only rules of recursive predicates changed, and no changed rule aggregates (GROUPBY
     and setof states are stored per rule)."""
-    from ivm.maintain.counting import groupby_subgoals
+    from ivm.maintain.groupby import groupby_subgoals
 
     def own(program: Program) -> dict[str, tuple]:
         return {p: (tuple(d.columns), d.semantics) for p, d in program.predicates.items()
@@ -128,7 +128,8 @@ def rule_change(old: Program, new: Program, view: str) -> RuleChange | str:
         removed, added = _difference(before, after), _difference(after, before)
         if any(isinstance(i, GroupBy | SetOf) for r in removed + added for i in r.body):
             return f"a changed rule of {p} aggregates"
-        if [(n, str(g)) for n, _, g in groupby_subgoals(old, p)] != [(n, str(g)) for n, _, g in groupby_subgoals(new, p)]:
+        if ([(n, str(g)) for n, _, g in groupby_subgoals(old, p)]
+                != [(n, str(g)) for n, _, g in groupby_subgoals(new, p)]):
             return f"the aggregation states of {p} moved"
         change.removed[p], change.added[p] = removed, added
     return change
@@ -155,10 +156,6 @@ def _canonical(atom: Atom) -> tuple[Atom, list[str]]:
                                  for a in atom.args)), names
 
 
-def _negate(df: DataFrame) -> DataFrame:
-    return df.withColumn(C, -F.col(C))
-
-
 def _union(*frames: DataFrame | None) -> DataFrame:
     """⊎ of the frames that are there (None: an empty part, left out of the plan)."""
     return union_all([f for f in frames if f is not None])
@@ -172,7 +169,7 @@ def _added(rounds: Rounds, pred: str) -> DataFrame | None:
 class DRed:
     """The three steps of 000 §7 for one recursive component, over one run's states."""
 
-    def __init__(self, counting: Counting, component: Component, change: RuleChange | None = None):
+    def __init__(self, counting: DeltaContext, component: Component, change: RuleChange | None = None):
         self.c = counting
         self.ev = counting.ev
         self.preds = component.predicates
@@ -225,7 +222,7 @@ class DRed:
                 continue
             if isinstance(item, Literal):
                 canon, names = _canonical(item.atom)
-                parts = self._written(canon, lambda canon=canon: _negate(self.c.negation_delta(canon)))
+                parts = self._written(canon, lambda canon=canon: negate(self.c.negation_delta(canon)))
                 # Definition 6.1 is +1 for "now absent": a positive atom's Add is its negation's Del
                 part = parts[-sign if item.negated else sign]
                 if part is not None:
@@ -365,7 +362,7 @@ class DRed:
         over = {p: deleted.all(p) for p in self.preds if deleted.rows[p]}
 
         def whole(q: str) -> DataFrame:  # Pᵛ: P less δ⁻(P), plus what was rederived so far
-            return _union(self.old(q), _negate(deleted.all(q)) if deleted.rows[q] else None, _added(rounds, q))
+            return _union(self.old(q), negate(deleted.all(q)) if deleted.rows[q] else None, _added(rounds, q))
 
         def terms(p: str, changed: dict[str, DataFrame] | None) -> list[DataFrame]:
             out = []
@@ -392,7 +389,7 @@ class DRed:
         rounds = Rounds(self.ev, self.component, "dred_insert", self.schemas)
 
         def current(q: str) -> DataFrame:  # Pᵛ after step 2
-            return _union(self.old(q), _negate(gone[q]) if q in gone else None)
+            return _union(self.old(q), negate(gone[q]) if q in gone else None)
 
         def whole(q: str) -> DataFrame:
             return _union(current(q), _added(rounds, q))
@@ -430,6 +427,6 @@ class DRed:
             if deleted.rows[p] == rederived.rows[p] and not inserted.rows[p]:
                 out[p] = None
             else:
-                out[p] = consolidate(_union(_negate(gone[p]) if p in gone else None, _added(inserted, p)),
+                out[p] = consolidate(_union(negate(gone[p]) if p in gone else None, _added(inserted, p)),
                                      self.columns(p))
         return out

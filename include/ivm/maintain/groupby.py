@@ -42,37 +42,17 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, StructType
 
 from ivm.config import COUNT_COLUMN
-from ivm.ir import Aggregate, GroupBy
-from ivm.zset import consolidate, expand, one_partition, restrict
+from ivm.ir import Aggregate, GroupBy, Program
+from ivm.ir import aggregate_kind as kind
+from ivm.zset import consolidate, expand, one_partition, quote, restrict
 
 C = COUNT_COLUMN
 ROWS = "__rows"
-VARIANCES = {"var_samp", "var_pop", "variance", "stddev", "stddev_samp", "stddev_pop", "std"}
-DISTINCT_OK = {"count", "sum", "avg"}
-
-
-def _q(name: str) -> str:
-    return f"`{name}`"
 
 
 def _expr(sql: str, name: str) -> Column:
     """A SQL expression named ``name``: parsed by the JVM in one call."""
     return F.expr(sql).alias(name)
-
-
-def kind(a: Aggregate) -> str:
-    """How an aggregate is maintained: star, count, sum, avg, variance, min, max, distinct, recompute."""
-    if a.template is not None:
-        return "recompute"
-    if a.func == "count" and a.arg is None:
-        return "star"
-    if a.distinct and a.func in DISTINCT_OK:
-        return "distinct"
-    if a.func in ("count", "sum", "avg", "min", "max"):
-        return a.func
-    if a.func in VARIANCES:
-        return "variance"
-    return "recompute"
 
 
 def describe(a: Aggregate) -> str:
@@ -141,7 +121,7 @@ class GroupByState:
     def distinct_rows(self, rows: DataFrame, var: str) -> DataFrame:
         """The (group, value) counts of ``var``'s non-NULL values behind a DISTINCT aggregate."""
         cols = [*self.by, var]
-        return consolidate(rows.where(F.col(_q(var)).isNotNull()).select(*[F.col(_q(c)) for c in cols], F.col(C)),
+        return consolidate(rows.where(F.col(quote(var)).isNotNull()).select(*[F.col(quote(c)) for c in cols], F.col(C)),
                            cols)
 
     # -- full computation -----------------------------------------------------------------------------
@@ -161,9 +141,9 @@ class GroupByState:
                 extra += [F.count_distinct(x).cast("long").alias(f"{a.var.name}__n")]
                 if a.func != "count":
                     extra.append(F.sum_distinct(x).alias(f"{a.var.name}__s"))
-        grouped = plain.groupBy(*[F.col(_q(b)) for b in self.by]).agg(*extra) if self.by else plain.agg(*extra)
+        grouped = plain.groupBy(*[F.col(quote(b)) for b in self.by]).agg(*extra) if self.by else plain.agg(*extra)
         state = _join_groups(state, grouped, self.by, "left") if self.by else state.crossJoin(grouped)
-        return state.select(*[F.col(_q(b)) for b in self.by], *[F.col(_q(c)) for c in self.columns()],
+        return state.select(*[F.col(quote(b)) for b in self.by], *[F.col(quote(c)) for c in self.columns()],
                             F.lit(1).cast("long").alias(C))
 
     def columns(self) -> list[str]:
@@ -190,7 +170,7 @@ class GroupByState:
                 partial = partial.select("*", *[F.lit(None).alias(n) for n in self._distinct_names(var)])
                 continue
             part = self._distinct_partial(var, distinct_changes[var])
-            partial = _join_groups(partial, part, self.by, "full") if self.by else partial.crossJoin(part)
+            partial = _join_groups(partial, part, self.by, "full_outer") if self.by else partial.crossJoin(part)
         return partial
 
     def delta(self, partial: DataFrame, old_state: DataFrame, new_rows: Callable[[DataFrame], DataFrame],
@@ -206,34 +186,34 @@ class GroupByState:
         groups: a second wave of Spark jobs, computing Δ(U)'s groups once more).
         """
         by = self.by
-        groups = partial.select(*[F.col(_q(b)) for b in by]) if by else None
+        groups = partial.select(*[F.col(quote(b)) for b in by]) if by else None
         if groups is None or (small and whole):  # the global aggregate's one row, or a small state
             old = one_partition(old_state) if small else old_state
         else:
             old = restrict(old_state, groups, by, small)
         old = consolidate(old).where(F.col(C) > 0).drop(C)
         paired = self._pair(partial, old, small)
-        merged = paired.select(*[F.col(_q(b)) for b in by], *self._merge(schema),
-                               *[F.col(_q(f"o__{a.var.name}")).alias(a.var.name) for a in self.aggregates
+        merged = paired.select(*[F.col(quote(b)) for b in by], *self._merge(schema),
+                               *[F.col(quote(f"o__{a.var.name}")).alias(a.var.name) for a in self.aggregates
                                  if kind(a) == "recompute"],  # replaced: the group is recomputed
                                self._must_recompute().alias("__recompute"),
-                               *[F.col(_q(f"o__{f.name}")) for f in schema.fields if f.name not in by])
+                               *[F.col(quote(f"o__{f.name}")) for f in schema.fields if f.name not in by])
         merged = merged.select("*", *[self._value(a).alias(a.var.name) for a in self.aggregates
                                       if kind(a) != "recompute"])
         names = [f.name for f in schema.fields]
         # per group, its new tuple (+1; unless recomputed below) and its old one (-1; unless it is new), as
         # two rows of one pass over the pairs (the -1 rows were a second subplan over the old state)
         new_row = F.when(~F.col("__recompute") & ((F.col(ROWS) > 0) if by else F.lit(True)),  # an emptied
-                         F.struct(*[F.col(_q(n)) for n in names], F.lit(1).cast("long").alias(C)))  # group is gone
-        old_row = F.when(F.col(_q(f"o__{ROWS}")).isNotNull(), F.struct(
-            *[F.col(_q(n if n in by else f"o__{n}")).alias(n) for n in names], F.lit(-1).cast("long").alias(C)))
+                         F.struct(*[F.col(quote(n)) for n in names], F.lit(1).cast("long").alias(C)))  # group is gone
+        old_row = F.when(F.col(quote(f"o__{ROWS}")).isNotNull(), F.struct(
+            *[F.col(quote(n if n in by else f"o__{n}")).alias(n) for n in names], F.lit(-1).cast("long").alias(C)))
         rows = merged.select(F.explode(F.array(new_row, old_row)).alias("__t")).where(F.col("__t").isNotNull()) \
             .select("__t.*")
         if not self.self_maintainable(self.subgoal):  # the flagged groups' new state, from Uᵛ (U is read only here)
             recomputed = self._recomputed(merged.where(F.col("__recompute")), new_rows)
             if by:
                 recomputed = recomputed.where(F.col(ROWS) > 0)
-            rows = rows.unionByName(recomputed.select(*[F.col(_q(n)) for n in names])
+            rows = rows.unionByName(recomputed.select(*[F.col(quote(n)) for n in names])
                                     .withColumn(C, F.lit(1).cast("long")))
             rows = one_partition(rows) if small else rows
         return consolidate(rows)
@@ -246,10 +226,10 @@ class GroupByState:
         change's one partition it needs no exchange, so the state write is one wave of Spark jobs
         shorter."""
         by = self.by
-        keys = [F.col(_q(b)) for b in by]
-        p = partial.select(*keys, F.struct(*[F.col(_q(c)).alias(f"p__{c}") for c in partial.columns
+        keys = [F.col(quote(b)) for b in by]
+        p = partial.select(*keys, F.struct(*[F.col(quote(c)).alias(f"p__{c}") for c in partial.columns
                                              if c not in by]).alias("__p"))
-        o = old.select(*keys, F.struct(*[F.col(_q(c)).alias(f"o__{c}") for c in old.columns]).alias("__o"))
+        o = old.select(*keys, F.struct(*[F.col(quote(c)).alias(f"o__{c}") for c in old.columns]).alias("__o"))
         both = p.unionByName(o, allowMissingColumns=True)
         both = one_partition(both) if small else both
         # (each side holds one row per group: `first` ignoring NULLs picks it; GROUP BY puts NULL keys in
@@ -262,7 +242,7 @@ class GroupByState:
     def _recomputed(self, flagged: DataFrame, new_rows: Callable[[DataFrame], DataFrame]) -> DataFrame:
         """The new state of the flagged groups, from Uᵛ's rows."""
         if self.by:
-            return self.full(new_rows(flagged.select(*[F.col(_q(b)) for b in self.by]))).drop(C)
+            return self.full(new_rows(flagged.select(*[F.col(quote(b)) for b in self.by]))).drop(C)
         # the one global group: recomputed over the whole new input, only if flagged
         return (self.full(new_rows(None)).drop(C)
                 .crossJoin(flagged.select(F.lit(1).alias("__f")).limit(1)).drop("__f"))
@@ -273,7 +253,7 @@ class GroupByState:
 
         Each column is one SQL expression (`_expr`): built from Column functions it took ~20 py4j round
         trips to the JVM (three per function), 150 for Q1's eight aggregates, on every refresh."""
-        c = _q(C)
+        c = quote(C)
         cols: list[Column] = [_expr(f"CAST(coalesce(sum({c}), 0) AS BIGINT)", ROWS)]
         for a in self.aggregates:
             k, v = kind(a), a.var.name
@@ -289,7 +269,7 @@ class GroupByState:
             if k in ("min", "max"):
                 cols += [_expr(f"{k}(CASE WHEN {c} > 0 THEN {x} END)", f"{v}__m"),
                          _expr(f"{k}(CASE WHEN {c} < 0 THEN {x} END)", f"{v}__del")]
-        return rows.groupBy(*[F.col(_q(b)) for b in self.by]).agg(*cols) if self.by else rows.agg(*cols)
+        return rows.groupBy(*[F.col(quote(b)) for b in self.by]).agg(*cols) if self.by else rows.agg(*cols)
 
     def _distinct_names(self, var: str) -> list[str]:
         """The partial's columns for the DISTINCT aggregates over ``var``: count and sum changes."""
@@ -304,15 +284,15 @@ class GroupByState:
             if kind(a) == "distinct" and next(iter(a.arg.variables())) == var:
                 cols.append(F.sum(C).cast("long").alias(f"{a.var.name}__dn"))
                 if a.func != "count":
-                    cols.append(F.sum(F.col(_q(var)) * F.col(C)).alias(f"{a.var.name}__ds"))
-        return change.groupBy(*[F.col(_q(b)) for b in self.by]).agg(*cols) if self.by else change.agg(*cols)
+                    cols.append(F.sum(F.col(quote(var)) * F.col(C)).alias(f"{a.var.name}__ds"))
+        return change.groupBy(*[F.col(quote(b)) for b in self.by]).agg(*cols) if self.by else change.agg(*cols)
 
     def _merge(self, schema: StructType) -> list[Column]:
         """The new state from the old one (``o__*``, NULL for a new group) and the partial (``p__*``)."""
         types = {f.name: f.dataType for f in schema.fields}
 
         def add(old: str, part: str) -> Column:  # (one SQL expression: see `_partial`)
-            return F.expr(f"coalesce({_q(old)}, 0) + coalesce({_q(part)}, 0)")
+            return F.expr(f"coalesce({quote(old)}, 0) + coalesce({quote(part)}, 0)")
 
         cols = {ROWS: add(f"o__{ROWS}", f"p__{ROWS}")}
         for a in self.aggregates:
@@ -374,7 +354,7 @@ class GroupByState:
 
     def finalize(self, state: DataFrame) -> DataFrame:
         """T: the grouping variables and each aggregate's value, from state rows (counts kept)."""
-        return state.select(*[F.col(_q(b)) for b in self.by], *[F.col(_q(a.var.name)) for a in self.aggregates],
+        return state.select(*[F.col(quote(b)) for b in self.by], *[F.col(quote(a.var.name)) for a in self.aggregates],
                             F.col(C))
 
 
@@ -389,8 +369,19 @@ _PARTS: dict[str, Callable[[Aggregate], tuple[str, ...]]] = {
 def _join_groups(left: DataFrame, right: DataFrame, by: list[str], how: str) -> DataFrame:
     """Join two per-group frames on the grouping columns, null-safely (GROUP BY puts NULLs in one
     group); the right side's grouping columns are renamed first, as both sides may share lineage."""
-    r = right.select(*[F.col(_q(c)).alias(f"__r_{c}") if c in by else F.col(_q(c)) for c in right.columns])
-    cond = reduce(lambda x, y: x & y, [left[_q(b)].eqNullSafe(r[_q(f"__r_{b}")]) for b in by])
-    keys = [F.coalesce(left[_q(b)], r[_q(f"__r_{b}")]).alias(b) if how == "full" else left[_q(b)] for b in by]
-    return left.join(r, cond, how).select(*keys, *[left[_q(c)] for c in left.columns if c not in by],
-                                          *[r[_q(c)] for c in r.columns if c not in by and not c.startswith("__r_")])
+    r = right.select(*[F.col(quote(c)).alias(f"__r_{c}") if c in by else F.col(quote(c)) for c in right.columns])
+    cond = reduce(lambda x, y: x & y, [left[quote(b)].eqNullSafe(r[quote(f"__r_{b}")]) for b in by])
+    keys = [F.coalesce(left[quote(b)], r[quote(f"__r_{b}")]).alias(b) if how == "full_outer" else left[quote(b)]
+            for b in by]
+    return left.join(r, cond, how).select(*keys, *[left[quote(c)] for c in left.columns if c not in by],
+                                          *[r[quote(c)] for c in r.columns if c not in by and not c.startswith("__r_")])
+
+
+def groupby_subgoals(program: Program, pred: str) -> list[tuple[str, int, GroupBy]]:
+    """(state relation name, body index, subgoal) of every GROUPBY subgoal in the rules of ``pred``."""
+    out = []
+    for r, rule in enumerate(program.rules_for(pred)):
+        for j, item in enumerate(rule.body):
+            if isinstance(item, GroupBy):
+                out.append((f"{pred}__agg{r}_{j}", j, item))
+    return out

@@ -20,13 +20,13 @@ from dataclasses import dataclass
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from ivm.analysis import _select_expressions, analyse
+from ivm.analysis import Decision, _select_expressions, analyse
 from ivm.config import COUNT_COLUMN
 from ivm.ir import Atom, Condition, Const, Literal, Program, Rule, Var
 from ivm.maintain.counting import presence_change
 from ivm.maintain.delta_rules import rule_sql
 from ivm.maintain.fixpoint import as_set
-from ivm.zset import anti_join, consolidate, restrict, union_all
+from ivm.zset import anti_join, consolidate, negate, restrict, union_all
 
 C = COUNT_COLUMN
 
@@ -54,14 +54,14 @@ def derived_rules(program: Program, view: str) -> list[MaintenanceRule]:
                 continue
             table = item.atom.pred
             ins_states = tuple("inserted" if i == k else None for i in range(len(rule.body)))
-            safe_insert = decisions.get((table, "delete")) == "incremental"
+            safe_insert = decisions.get((table, "delete")) is Decision.INCREMENTAL
             check = f"inserted_{view}" if safe_insert else view
             select = rule_sql(program, rule, ins_states, counts=False)
             joiner = "  AND" if "\nWHERE " in select else "WHERE"
             out.append(MaintenanceRule(
                 f"ins-{table}-{view}", f"inserted into {table}",
                 f"INSERT INTO {view}\n{select}\n{joiner} ({columns}) NOT IN (SELECT {columns} FROM {check})"))
-            if decisions.get((table, "delete")) == "incremental":
+            if decisions.get((table, "delete")) is Decision.INCREMENTAL:
                 del_states = tuple("deleted" if i == k else "old" if isinstance(x, Literal) else None
                                    for i, x in enumerate(rule.body))
                 out.append(MaintenanceRule(
@@ -192,7 +192,7 @@ class KeyBased:
         """The (table, operation) pairs in this run's deltas the analysis marks rematerialize, as words."""
         # an update arrives as a deletion and an insertion of the key (its decision is the deletion's)
         return [f"{op} on {table} ({why})" for table, op, decision, why in self.analysis.table()
-                if decision == "rematerialize" and op in present.get(table, set())]
+                if decision is Decision.REMATERIALIZE and op in present.get(table, set())]
 
     # -- one select expression with one reference marked ---------------------------------------------
 
@@ -215,7 +215,7 @@ class KeyBased:
         if item.atom.pred == table:
             change = self.changes(table)
             return change.where(F.col(C) > 0) if part == "inserted" else \
-                change.where(F.col(C) < 0).withColumn(C, -F.col(C))
+                negate(change.where(F.col(C) < 0))
         if p.kind == "aux":
             return self._derive(item.atom.pred, table, part, state)
         return None
@@ -297,7 +297,7 @@ class KeyBased:
             i = i.distinct()
             for r in self.rules:
                 i = restrict(i, self._rule(r, "new", {}), self.columns)
-        change = _union([x for x in (i, d.withColumn(C, -F.col(C)) if d is not None else None) if x is not None])
+        change = _union([x for x in (i, negate(d) if d is not None else None) if x is not None])
         # deletes before inserts, inserts only of tuples not in V: the presence change against V
         return presence_change(self.view_old, consolidate(change.distinct()), self.columns)
 

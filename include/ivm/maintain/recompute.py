@@ -39,22 +39,18 @@ from ivm.ir import (
 from ivm.maintain import fixpoint
 from ivm.storage import Scratch
 from ivm.stratify import Strata
-from ivm.zset import anti_join, consolidate, expand, union_all
+from ivm.zset import anti_join, consolidate, expand, quote, union_all
 
 C = COUNT_COLUMN
 Subgoal = Callable[[int, BodyItem], DataFrame | None]
 Absent = Callable[[int, Literal, DataFrame], DataFrame]
 
 
-def _q(name: str) -> str:
-    return f"`{name}`"
-
-
 def set_element(s: SetOf) -> Column:
     """One element of a setof's set: the variable, or a struct of the variables (a set of tuples)."""
     if len(s.elements) == 1:
-        return F.col(_q(s.elements[0].name))
-    return F.struct(*[F.col(_q(e.name)) for e in s.elements])
+        return F.col(quote(s.elements[0].name))
+    return F.struct(*[F.col(quote(e.name)) for e in s.elements])
 
 
 def as_used(pred: Predicate, zset: DataFrame) -> DataFrame:
@@ -130,14 +126,14 @@ class Evaluator:
         for col, arg in zip(pred.columns, atom.args, strict=True):
             if isinstance(arg, Var):
                 if arg.name in seen:  # p(X, X): both positions equal (SQL =: NULL never matches)
-                    conds.append(F.col(_q(col)) == F.col(_q(seen[arg.name])))
+                    conds.append(F.col(quote(col)) == F.col(quote(seen[arg.name])))
                 else:
                     seen[arg.name] = col
-                    cols.append(F.col(_q(col)).alias(arg.name))
+                    cols.append(F.col(quote(col)).alias(arg.name))
             elif isinstance(arg, Const):
-                conds.append(F.col(_q(col)).isNull() if arg.value is None else F.col(_q(col)) == F.lit(arg.value))
+                conds.append(F.col(quote(col)).isNull() if arg.value is None else F.col(quote(col)) == F.lit(arg.value))
             elif isinstance(arg, Expr):
-                conds.append(F.col(_q(col)) == F.expr(str(arg)))  # only constant expressions reach here
+                conds.append(F.col(quote(col)) == F.expr(str(arg)))  # only constant expressions reach here
             elif not isinstance(arg, Wildcard):
                 raise TypeError(arg)
         for c in conds:
@@ -151,7 +147,7 @@ class Evaluator:
             return self.groupby_tables[g]
         rows = expand(self.atom(g.atom, source))
         aggs = [F.expr(a.call()).alias(a.var.name) for a in g.aggregates]
-        grouped = rows.groupBy(*[F.col(_q(v.name)) for v in g.by]).agg(*aggs) if g.by else rows.agg(*aggs)
+        grouped = rows.groupBy(*[F.col(quote(v.name)) for v in g.by]).agg(*aggs) if g.by else rows.agg(*aggs)
         return grouped.withColumn(C, F.lit(1).cast("long"))
 
     def setof(self, s: SetOf, source: DataFrame | None = None) -> DataFrame:
@@ -161,7 +157,7 @@ class Evaluator:
         rows = self.atom(s.atom, source)
         element = set_element(s)
         agg = F.array_sort(F.collect_set(element)).alias(s.result.name)
-        group = [F.col(_q(v.name)) for v in s.group()]
+        group = [F.col(quote(v.name)) for v in s.group()]
         if group:  # sets hold no NULL: a binding whose only elements are NULL has no set
             rows = rows.where(element.isNotNull())
         grouped = rows.groupBy(*group).agg(agg) if group else rows.agg(agg)
@@ -293,7 +289,7 @@ def _assign(df: DataFrame, a: Assign, lead: set[str] = frozenset()) -> DataFrame
     from a Δ(¬q) subgoal over X), the assignment is an equality test instead (SQL =; NULLs equal when
     only a restricting first item bound X)."""
     if a.var.name in df.columns:
-        return df.where(_equal(F.col(_q(a.var.name)), F.expr(str(a.expr)), a.var.name in lead))
+        return df.where(_equal(F.col(quote(a.var.name)), F.expr(str(a.expr)), a.var.name in lead))
     return df.withColumn(a.var.name, F.expr(str(a.expr)))
 
 
@@ -302,16 +298,16 @@ def _unnest(df: DataFrame, u: Unnest, lead: set[str] = frozenset()) -> DataFrame
     Elements already bound by an earlier join are compared with the extracted ones (SQL =)."""
     generator = f"{u.kind}{'_outer' if u.outer else ''}({u.array})"
     bound = [v.name for v in u.elements if v.name in df.columns]
-    names = ", ".join(_q(f"__u_{v.name}" if v.name in bound else v.name) for v in u.elements)
+    names = ", ".join(quote(f"__u_{v.name}" if v.name in bound else v.name) for v in u.elements)
     out = df.selectExpr("*", f"{generator} AS ({names})")
     for v in bound:
-        out = out.where(_equal(F.col(_q(v)), F.col(_q(f"__u_{v}")), v in lead)).drop(f"__u_{v}")
+        out = out.where(_equal(F.col(quote(v)), F.col(quote(f"__u_{v}")), v in lead)).drop(f"__u_{v}")
     return out
 
 
 def _head_column(arg, name: str):
     if isinstance(arg, Var):
-        return F.col(_q(arg.name)).alias(name)
+        return F.col(quote(arg.name)).alias(name)
     if isinstance(arg, Const):
         return F.lit(arg.value).alias(name)
     if isinstance(arg, Expr):
@@ -328,7 +324,7 @@ def _join(left: DataFrame | None, right: DataFrame, null_safe: bool, lead: set[s
     r = right.withColumnRenamed(C, "__rc")
     for c in shared:
         r = r.withColumnRenamed(c, f"__r_{c}")
-    cond = [_equal(left[_q(c)], r[_q(f"__r_{c}")], null_safe or c in lead) for c in shared]
+    cond = [_equal(left[quote(c)], r[quote(f"__r_{c}")], null_safe or c in lead) for c in shared]
     joined = left.join(r, reduce(lambda a, b: a & b, cond), "inner") if cond else left.crossJoin(r)
     return (joined.withColumn(C, F.col(C) * F.col("__rc"))
                   .drop("__rc", *[f"__r_{c}" for c in shared]))

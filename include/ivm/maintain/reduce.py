@@ -44,16 +44,12 @@ from ivm.maintain.counting import presence_change
 from ivm.maintain.fixpoint import as_set
 from ivm.maintain.recompute import Evaluator, _join
 from ivm.storage import Scratch
-from ivm.zset import anti_join, change_sizes, consolidate, restrict, union_all
+from ivm.zset import anti_join, change_sizes, consolidate, negate, quote, restrict, union_all
 
 log = logging.getLogger(__name__)
 C = COUNT_COLUMN
 ALGORITHMS = ("NAIVE", "RIE", "RIC", "REDUCE", "REDUCE+")
 MULTIPLE = ("MU1", "MU2")
-
-
-def _q(name: str) -> str:
-    return f"`{name}`"
 
 
 @dataclass(frozen=True)
@@ -173,7 +169,7 @@ class Reducer:
         self._n += 1
         sides = list(frames)
         schema = frames[sides[0]].schema
-        tagged = [df.select(*[F.col(_q(c)) for c in schema.names]).withColumn("__side", F.lit(side))
+        tagged = [df.select(*[F.col(quote(c)) for c in schema.names]).withColumn("__side", F.lit(side))
                   for side, df in frames.items()]
         union = union_all(tagged)
         # (under the view's name: two REDUCE views of one run name their steps alike, emp-insert-1; under
@@ -206,12 +202,12 @@ class Reducer:
 
     def _project(self, df: DataFrame, keep: set[str]) -> DataFrame:
         cols = [c for c in self._vars(df) if c in keep]
-        return df.select(*[F.col(_q(c)) for c in cols], F.lit(1).cast("long").alias(C)).distinct()
+        return df.select(*[F.col(quote(c)) for c in cols], F.lit(1).cast("long").alias(C)).distinct()
 
     def _as_view(self, df: DataFrame) -> DataFrame:
         """π_{X_V}: the head's columns (constants included), one tuple each, count 1."""
         view = self.program.predicates[self.s.view]
-        cols = [F.col(_q(a.name)).alias(c) if isinstance(a, Var) else F.lit(a.value).alias(c)
+        cols = [F.col(quote(a.name)).alias(c) if isinstance(a, Var) else F.lit(a.value).alias(c)
                 for a, c in zip(self.s.rule.head.args, view.columns, strict=True)]
         return df.select(*cols).distinct().withColumn(C, F.lit(1).cast("long"))
 
@@ -241,7 +237,7 @@ class Reducer:
         changed = self.ev.atom(atom, change)
         n_inserted, n_deleted = change_sizes(changed)  # |S_I|, |S_D|
         s_i = changed.where(F.col(C) > 0)
-        s_d = changed.where(F.col(C) < 0).withColumn(C, -F.col(C))
+        s_d = negate(changed.where(F.col(C) < 0))
         # R_1 − S_D, the existing side of both (Definition 5), restricted per chain before it is settled
         unchanged = (own_old, s_d)
         order = join_order(self.s, k)
@@ -256,11 +252,11 @@ class Reducer:
         self.traces += [ins.trace, dele.trace]
         if t_i is None and t_d is None:
             return None
-        delta = union_all([x for x in (t_i, t_d.withColumn(C, -F.col(C)) if t_d is not None else None)
+        delta = union_all([x for x in (t_i, negate(t_d) if t_d is not None else None)
                            if x is not None])
         if self.multiple == "MU2":  # Theorem 8: (V − V_TD') ∪ V_TI, so V_TI may hold tuples still in V
             cols = list(self.program.predicates[self.s.view].columns)
-            keys = delta.select(*[F.col(_q(c)) for c in cols]).distinct()
+            keys = delta.select(*[F.col(quote(c)) for c in cols]).distinct()
             delta = presence_change(self.current_view(keys, cols), consolidate(delta), cols)
         return consolidate(delta)  # a plan over the written targets; the run writes the total once
 
@@ -334,7 +330,7 @@ class _Chain:
             cand = self.changed
             own_old, s_d = self.unchanged
             existing = None if theorem3 else anti_join(
-                r._settle(restrict(own_old, self.changed.select(*map(_q, y)).distinct(), y)), s_d, null_safe=True)
+                r._settle(restrict(own_old, self.changed.select(*map(quote, y)).distinct(), y)), s_d, null_safe=True)
         else:
             self.joined |= atom.variables()
             rel = self.rel[self.order[i]]
@@ -352,7 +348,7 @@ class _Chain:
         if i > 0 and reduce_c and (existing is not None or extra_existing is not None):
             # RIC: drop the candidates agreeing with an existing tuple on Z_i (they derive only V_F)
             z = sorted(self._z(i))
-            other = union_all([e.select(*map(_q, z)) for e in (existing, extra_existing) if e is not None])
+            other = union_all([e.select(*map(quote, z)) for e in (existing, extra_existing) if e is not None])
             cand = anti_join(cand, other, null_safe=True) if z else cand.join(other.limit(1), how="left_anti")
         if theorem3:
             # Theorem 3: X_V holds a key of R_i, so V_E^i = ∅ and no later existing relation is built
@@ -361,7 +357,7 @@ class _Chain:
         elif existing is not None and i > 0 and reduce_e:
             # RIE: keep the existing tuples agreeing with a candidate on Y_i
             y = sorted(self._y())
-            existing = restrict(existing, cand.select(*map(_q, y)).distinct(), y)
+            existing = restrict(existing, cand.select(*map(quote, y)).distinct(), y)
         name = f"{atom.pred}-{self.kind}-{i + 1}"
         if i == 0:  # V_C^1 is the change itself, already written: its size is known
             self.candidate, c_rows = cand, self.size
@@ -381,7 +377,7 @@ class _Chain:
             return
         if theorem3 and i == 0 and self.kind == "deletion":
             # ... and t is the only tuple deriving view tuples with its X_1 ∩ X_V value: V_T is read off V
-            self.from_view = self.candidate.select(*map(_q, sorted(self._y()))).distinct()
+            self.from_view = self.candidate.select(*map(quote, sorted(self._y()))).distinct()
             notes.append("the targets are read from V")
         later = self._remaining_conditions() if r._plus() else self.s.conditions
         if self.from_view is None and shortcuts and r.key_vars is not None and r.key_vars <= self._y() \
@@ -389,9 +385,9 @@ class _Chain:
             # Theorem 4: Y_i holds the view's key and no selection is left: the candidates whose Y_i
             # value no existing tuple has derive targets only, the others failures only
             y = sorted(self._y())
-            keys = self.candidate.select(*map(_q, y)).distinct()
+            keys = self.candidate.select(*map(quote, y)).distinct()
             if self.existing is not None:
-                keys = anti_join(keys, self.existing.select(*map(_q, y)), null_safe=True)
+                keys = anti_join(keys, self.existing.select(*map(quote, y)), null_safe=True)
             if self.kind == "deletion":
                 self.from_view = keys
                 notes.append(f"Theorem 4: Y_{i + 1} holds the view's key, stop")
@@ -409,7 +405,7 @@ class _Chain:
         r = self.r
         if self.from_view is not None:
             y = sorted(self.from_view.columns)
-            keys = self.from_view.select(*[F.col(_q(v)).alias(r.column_of[v]) for v in y])
+            keys = self.from_view.select(*[F.col(quote(v)).alias(r.column_of[v]) for v in y])
             t = r.current_view(keys, [r.column_of[v] for v in y])
         elif self.done or self.candidate is None:
             return None

@@ -38,19 +38,15 @@ from pyspark.sql import functions as F
 from ivm.config import COUNT_COLUMN
 from ivm.ir import Literal, Program, Var
 from ivm.maintain.delta_rules import DELTA, OLD, DeltaRule
-from ivm.zset import key_ranges, restrict, skipping_filter, union_all
+from ivm.zset import key_ranges, negate, quote, restrict, skipping_filter, union_all
 
 if TYPE_CHECKING:
-    from ivm.maintain.counting import Counting
+    from ivm.maintain.states import DeltaContext
 
 log = logging.getLogger(__name__)
 C = COUNT_COLUMN
 #: keys collected on the driver to restrict a read with an IN list; beyond that, a semi-join
 READ_LIMIT = 10_000
-
-
-def _q(name: str) -> str:
-    return f"`{name}`"
 
 
 def primary_key(program: Program, table: str) -> list[str]:
@@ -113,7 +109,7 @@ def shortcuts(program: Program, d: DeltaRule, i: int) -> dict[int, Shortcut]:
     return out
 
 
-def apply(c: Counting, d: DeltaRule, i: int, among: set[int] | None = None) -> dict[int, DataFrame]:
+def apply(c: DeltaContext, d: DeltaRule, i: int, among: set[int] | None = None) -> dict[int, DataFrame]:
     """The relations (the atoms' variables + ``__count``) of the subgoals `shortcuts` finds (those at
     the body positions ``among`` only, if given)."""
     out = {}
@@ -123,7 +119,7 @@ def apply(c: Counting, d: DeltaRule, i: int, among: set[int] | None = None) -> d
         state = d.states[j]
         raw = _lookup(c, sc, state) if sc.kind == "lookup" else _reference(c, sc, state)
         out[j] = c.ev.atom(d.rule.body[j].atom, raw)
-        c.shortcuts[str(sc)] = c.shortcuts.get(str(sc), 0) + 1
+        c.stats.from_deltas += 1
         log.info("%s: %s", d.rule.head.pred, sc)
     return out
 
@@ -132,7 +128,7 @@ def _at(delta: DataFrame, state: str) -> DataFrame:
     """A keyed table at ``state``, at the keys of its net delta: the −1 tuples (as +1) for the old
     state, the +1 tuples for the new one."""
     if state == OLD:
-        return delta.where(F.col(C) < 0).withColumn(C, -F.col(C))
+        return negate(delta.where(F.col(C) < 0))
     return delta.where(F.col(C) > 0)
 
 
@@ -145,7 +141,7 @@ class KeysRead:
     ranges: Column | None = None
 
 
-def _read(c: Counting, sc: Shortcut, state: str, keys: DataFrame) -> DataFrame | None:
+def _read(c: DeltaContext, sc: Shortcut, state: str, keys: DataFrame) -> DataFrame | None:
     """The table at ``state`` restricted to ``keys`` (a small plan over deltas, named like the
     shortcut's columns): an IN filter on one column when there are few (the Parquet reader skips row
     groups by their statistics; base layers are sorted by key), else a semi-join behind the keys'
@@ -155,7 +151,7 @@ def _read(c: Counting, sc: Shortcut, state: str, keys: DataFrame) -> DataFrame |
     if sc not in c.shortcut_keys:
         if len(columns) == 1:
             # (a NULL key joins nothing: the rules here join with =)
-            values = [r[0] for r in keys.where(F.col(_q(columns[0])).isNotNull()).limit(READ_LIMIT + 1).collect()]
+            values = [r[0] for r in keys.where(F.col(quote(columns[0])).isNotNull()).limit(READ_LIMIT + 1).collect()]
             read = KeysRead(values) if len(values) <= READ_LIMIT else None
         else:
             read = KeysRead([]) if not keys.limit(1).collect() else None
@@ -171,26 +167,26 @@ def _read(c: Counting, sc: Shortcut, state: str, keys: DataFrame) -> DataFrame |
         return None
     # the IN list for the join, the ranges for the Parquet reader (which turns a long IN list into one
     # min..max range): layers sorted by the column skip the row groups between the keys
-    return rows.where(F.col(_q(columns[0])).isin(found) & key_ranges(sorted(found), columns[0]))
+    return rows.where(F.col(quote(columns[0])).isin(found) & key_ranges(sorted(found), columns[0]))
 
 
-def _lookup(c: Counting, sc: Shortcut, state: str) -> DataFrame:
+def _lookup(c: DeltaContext, sc: Shortcut, state: str) -> DataFrame:
     """Y at ``state`` at the keys ΔS binds: from ΔY for the keys it holds, read for the others."""
     dy = c.states.delta(sc.table)
     if dy is None:
         return c.joined(sc.table, state)
     key = sc.columns
-    bound = c.used_delta[sc.via].select(*[F.col(_q(b)).alias(a) for a, b in sc.pairs]).dropna().distinct()
-    outside = bound.join(dy.select(*[F.col(_q(a)) for a in key]), key, "left_anti")
+    bound = c.used_delta[sc.via].select(*[F.col(quote(b)).alias(a) for a, b in sc.pairs]).dropna().distinct()
+    outside = bound.join(dy.select(*[F.col(quote(a)) for a in key]), key, "left_anti")
     parts = [_at(dy, state), _read(c, sc, state, outside)]
     return union_all([p for p in parts if p is not None])
 
 
-def _reference(c: Counting, sc: Shortcut, state: str) -> DataFrame:
+def _reference(c: DeltaContext, sc: Shortcut, state: str) -> DataFrame:
     """S at ``state`` at the keys of ΔR (S.fk references R's key): −ΔS for deleted keys at the old
     state, ΔS for inserted keys at the new one, read for updated keys."""
     [(fk, rkey)] = sc.pairs
-    sums = c.used_delta[sc.via].groupBy(F.col(_q(rkey)).alias(fk)).agg(F.sum(C).alias("__sum"))
+    sums = c.used_delta[sc.via].groupBy(F.col(quote(rkey)).alias(fk)).agg(F.sum(C).alias("__sum"))
     ds = c.states.delta(sc.table)
     parts = []
     if ds is not None:  # deleted keys' rows at the old state, inserted keys' rows at the new one

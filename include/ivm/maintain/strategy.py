@@ -23,22 +23,83 @@ view's key). The estimates are shown by `ivm explain` and recorded with each run
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 
-from ivm.analysis import analyse
+from ivm.analysis import Decision, analyse
+from ivm.config import ViewConfig
+from ivm.errors import ConfigError
 from ivm.ir import Condition, Const, Literal, Program, Var
 from ivm.maintain import keyed, reduce
+from ivm.maintain.counting import view_predicates
 from ivm.stratify import Strata
 
-STRATEGIES = ("counting", "keyed", "reduce")
-COUNT_FREE = ("keyed", "reduce")
 #: rows one Spark job is worth (a small job costs ~0.1 s here; ~1M rows/s through a join)
 JOB_ROWS = 100_000
 
 
-def stored_form(strategy: str) -> str:
+class Form(StrEnum):
+    """How a view's tuples are stored (the catalog's ``RelationVersion.form``)."""
+
+    #: with their derivation counts (000 §3)
+    COUNTS = "counts"
+    #: each tuple once, without counts (003, 004)
+    PRESENCE = "presence"
+
+
+def _counting_algorithm(program: Program, strata: Strata, view: str, _: ViewConfig) -> str:
+    """Counting, with DRed for the view's recursive components."""
+    recursive = [p for c in strata.components if c.recursive for p in c.predicates
+                 if p in view_predicates(program, strata, view)]
+    if recursive:
+        return f"DRed (000 §7) for {', '.join(recursive)}, counting (000 §4-6) around it"
+    return "counting (000 §4-6)"
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One way to maintain a view incrementally, found by its name in `REGISTRY` (dbt's incremental
+    strategies: a name checked against a registry, then looked up; never compared as a string)."""
+
+    name: str
+    #: how the strategy stores the view
+    form: Form
+    #: the algorithm as a run's reason and ``ivm explain`` name it, for one view
+    describe: Callable[[Program, Strata, str, ViewConfig], str]
+
+    @property
+    def count_free(self) -> bool:
+        """Stores the view alone, each tuple once (no auxiliary relations, no counts)."""
+        return self.form is Form.PRESENCE
+
+    def __str__(self) -> str:
+        return self.name
+
+
+COUNTING = Strategy("counting", Form.COUNTS, _counting_algorithm)
+KEYED = Strategy("keyed", Form.PRESENCE, lambda *_: "key-based (003 §5.4)")
+REDUCE = Strategy("reduce", Form.PRESENCE,
+                  lambda _p, _s, _v, cfg: f"{cfg.reduce.algorithm} (004) with {cfg.reduce.multiple_updates}")
+REGISTRY: dict[str, Strategy] = {s.name: s for s in (COUNTING, KEYED, REDUCE)}
+STRATEGIES = tuple(REGISTRY)
+
+
+def lookup(name: str) -> Strategy:
+    """The strategy named ``name``.
+
+    >>> lookup("reduce").form
+    <Form.PRESENCE: 'presence'>
+    """
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise ConfigError(f"unknown strategy {name!r}; use one of {', '.join(REGISTRY)}") from None
+
+
+def stored_form(strategy: str) -> Form:
     """How the view is stored: ``counts`` (derivation counts, 000) or ``presence`` (each tuple once)."""
-    return "presence" if strategy in COUNT_FREE else "counts"
+    return lookup(strategy).form
 
 
 @dataclass
@@ -62,7 +123,7 @@ class Choice:
 
 def applicability(program: Program, strata: Strata, view: str) -> list[Candidate]:
     """Which strategies can maintain the view, and why not where they cannot."""
-    out = [Candidate("counting", True, "000 Algorithm 4.1: every nonrecursive view, derivation counts stored")]
+    out = [Candidate(COUNTING.name, True, "000 Algorithm 4.1: every nonrecursive view, derivation counts stored")]
     pred = program.predicates[view]
     component = next(c for c in strata.components if view in c.predicates)
     reads_views = sorted(u for u in strata.upstream(view) if program.predicates[u].kind == "view" and u != view)
@@ -75,7 +136,7 @@ def applicability(program: Program, strata: Strata, view: str) -> list[Candidate
     elif reads_views:
         base = f"the view reads the view {reads_views[0]}; key-based and REDUCE read tables only"
     if base is not None:
-        return out + [Candidate("keyed", False, base), Candidate("reduce", False, base)]
+        return out + [Candidate(KEYED.name, False, base), Candidate(REDUCE.name, False, base)]
     a = analyse(program, view)
     structure = keyed.set_structure(program, view)
     # subqueries and set-operator sides: joins of tables with conditions (a side may negate: it becomes
@@ -85,17 +146,18 @@ def applicability(program: Program, strata: Strata, view: str) -> list[Candidate
                                                    and program.predicates[p].role != "setop")
         for r in program.rules_for(p) for i in r.body)]
     if not a.applicable:
-        out.append(Candidate("keyed", False, a.reason))
+        out.append(Candidate(KEYED.name, False, a.reason))
     elif isinstance(structure, str):
-        out.append(Candidate("keyed", False, structure))
+        out.append(Candidate(KEYED.name, False, structure))
     elif nested:
-        out.append(Candidate("keyed", False, f"the auxiliary predicate {nested[0]} is not a join of tables with conditions"))
+        out.append(Candidate(KEYED.name, False,
+                             f"the auxiliary predicate {nested[0]} is not a join of tables with conditions"))
     else:
-        rem = sorted({t for t, op, d, _ in a.table() if d == "rematerialize"})
-        out.append(Candidate("keyed", True, "003's derived rules" + (
+        rem = sorted({t for t, op, d, _ in a.table() if d is Decision.REMATERIALIZE})
+        out.append(Candidate(KEYED.name, True, "003's derived rules" + (
             f"; rematerializes on unsafe operations of {', '.join(rem)}" if rem else "; every reference safe")))
     s = reduce.shape(program, view)
-    out.append(Candidate("reduce", not isinstance(s, str), s if isinstance(s, str) else
+    out.append(Candidate(REDUCE.name, not isinstance(s, str), s if isinstance(s, str) else
                          "004: one projection–selection–join of tables under set semantics"))
     return out
 
@@ -128,7 +190,7 @@ def _costs(program: Program, view: str, s: reduce.Shape | None, changed: dict[st
            key: list[str] | None, rematerialize: bool) -> dict[str, float]:
     if s is None:  # not a plain join: every strategy pays the changed tuples through the view's rules
         d = sum(changed.values())
-        return {"counting": d + 2 * JOB_ROWS, "keyed": d + 4 * JOB_ROWS}
+        return {COUNTING.name: d + 2 * JOB_ROWS, KEYED.name: d + 4 * JOB_ROWS}
     head = set(s.head_vars)
     cols = program.predicates[view].columns
     key_vars = {a.name for a, c in zip(s.rule.head.args, cols, strict=True) if isinstance(a, Var) and c in (key or [])}
@@ -172,9 +234,9 @@ def _costs(program: Program, view: str, s: reduce.Shape | None, changed: dict[st
     # a recompute: the join from the largest table, and its jobs (the joins' stages, the base layer's write)
     full = sum(_chain(program, s, max(range(len(s.atoms)), key=lambda i: sizes.get(s.atoms[i].pred, 0)),
                       float(max(sizes.get(a.pred, 1) for a in s.atoms)), sizes)) + 2 * JOB_ROWS
-    return {"counting": counting + 2 * JOB_ROWS,
-            "keyed": keyed_cost + 3 * JOB_ROWS + (full if rematerialize else 0.0),
-            "reduce": reduce_cost, "full": full}
+    return {COUNTING.name: counting + 2 * JOB_ROWS,
+            KEYED.name: keyed_cost + 3 * JOB_ROWS + (full if rematerialize else 0.0),
+            REDUCE.name: reduce_cost, "full": full}
 
 
 def choose(program: Program, strata: Strata, view: str, forced: str | None, key: list[str] | None,
@@ -185,9 +247,9 @@ def choose(program: Program, strata: Strata, view: str, forced: str | None, key:
     if forced is not None and forced not in usable:
         why = next(c.why for c in cands if c.strategy == forced)
         raise ValueError(f"views.{view}: strategy {forced} does not apply: {why}")
-    if usable != {"counting"}:
+    if usable != {COUNTING.name}:
         s = reduce.shape(program, view)
-        rem = any(d == "rematerialize" and op == "delete" and changed.get(t) for t, op, d, _ in
+        rem = any(d is Decision.REMATERIALIZE and op == "delete" and changed.get(t) for t, op, d, _ in
                   analyse(program, view).table())
         costs = _costs(program, view, None if isinstance(s, str) else s, changed, sizes, key, rem)
         full = costs.get("full", sum(sizes.values()) + 2 * JOB_ROWS)
@@ -197,14 +259,14 @@ def choose(program: Program, strata: Strata, view: str, forced: str | None, key:
                 c.cost = round(costs[c.strategy] + switch)
     if forced is not None:
         return Choice(view, forced, "forced by the view's strategy option", cands)
-    if usable == {"counting"}:
-        return Choice(view, "counting", "the only applicable strategy", cands)
+    if usable == {COUNTING.name}:
+        return Choice(view, COUNTING.name, "the only applicable strategy", cands)
     if any(d.kind == "aux" and d.owner == view for d in program.predicates.values()):
         # counting stores the subqueries' and set operators' relations; a choice per run would leave
         # them behind whenever it moved away from counting
-        return Choice(view, "counting", "the view has auxiliary predicates (subqueries, set operators), which "
-                                        "counting stores: key-based maintenance runs when `strategy: keyed` "
-                                        "is set", cands)
+        return Choice(view, COUNTING.name, "the view has auxiliary predicates (subqueries, set operators), which "
+                                           "counting stores: key-based maintenance runs when `strategy: keyed` "
+                                           "is set", cands)
     best = min((c for c in cands if c.cost is not None), key=lambda c: (c.cost, STRATEGIES.index(c.strategy)))
     detail = ", ".join(f"{c.strategy} {c.cost:,.0f}" for c in cands if c.cost is not None)
     return Choice(view, best.strategy, f"lowest estimated cost (rows + {JOB_ROWS:,} per Spark job, a change of "

@@ -96,9 +96,10 @@ def build_dags(jobs_dir: str | Path, path: str | None = None, conn_id: str | Non
 def _dag(dag_id, schedule, job, path, conn_id, project_name, views, strata, config, plan_args, validate_args, doc,
          params=None):
     from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-    from airflow.sdk import DAG, Asset, Param, TriggerRule, task
+    from airflow.sdk import DAG, Asset, Param, TriggerRule
 
     from ivm.orchestration.links import ValidateOperator
+    from ivm.refresh.stages import STAGES
 
     # the driver runs the interpreter Airflow runs (it has ivm installed); so do local executors
     env = {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable, PROJECT_ENV: path}
@@ -114,34 +115,51 @@ def _dag(dag_id, schedule, job, path, conn_id, project_name, views, strata, conf
     with DAG(dag_id, schedule=schedule, start_date=datetime(2026, 1, 1, tzinfo=UTC), catchup=False,
              max_active_runs=1, tags=["ivm"], doc_md=doc, user_defined_macros={"ivm_run_id": run_id_for},
              params={k: Param(v, description=d, **schema) for k, (v, d, schema) in (params or {}).items()}) as dag:
-        plan = submit("plan", *plan_args)
-        previous = [plan >> submit("trim")]
-        for stratum in sorted({strata.stratum_of[v] for v in views}):
-
-            @task(task_id=f"views_stratum_{stratum}", trigger_rule=TriggerRule.NONE_FAILED)
-            def select(ivm_run: str, stratum: int = stratum) -> list[list[str]]:
-                """The spark-submit arguments of one maintain task per view the run planned here."""
-                from ivm.orchestration.stages import views_of_stratum
-                from ivm.project import Project
-
-                project = Project.open(path)
-                try:
-                    return [["maintain", "--run-id", ivm_run, "--project", path, "--views", v]
-                            for v in views_of_stratum(project, ivm_run, stratum)]
-                finally:
-                    project.close()
-
-            chosen = select(RUN)
-            maintain = SparkSubmitOperator.partial(task_id=f"maintain_stratum_{stratum}", name="ivm-maintain",
-                                                   trigger_rule=TriggerRule.NONE_FAILED, **common
-                                                   ).expand(application_args=chosen)
-            previous[-1] >> chosen
-            chosen >> maintain
-            previous.append(maintain)
-        validate = submit("validate", *validate_args, operator=ValidateOperator, trigger_rule=TriggerRule.NONE_FAILED)
-        publish = submit("publish", trigger_rule=TriggerRule.NONE_FAILED,
-                         outlets=[Asset(name=f"ivm_{project_name}_{v}", uri=f"ivm://{project_name}/{v}") for v in views])
-        compact = submit("compact", trigger_rule=TriggerRule.NONE_FAILED)
-        report = submit("report", trigger_rule=TriggerRule.NONE_FAILED)
-        previous[-1] >> validate >> publish >> compact >> report
+        args = {"plan": plan_args, "validate": validate_args}
+        # the validate task links to the run's data-quality page; publish marks the views as assets
+        kwargs = {"validate": {"operator": ValidateOperator}}
+        assets = [Asset(name=f"ivm_{project_name}_{v}", uri=f"ivm://{project_name}/{v}") for v in views]
+        previous, mapped = None, False  # (after a mapped stage, a task runs unless one failed: none_failed)
+        for stage in STAGES:  # one task per stage, in order (ivm.refresh.stages)
+            if stage.per_view:
+                for stratum in sorted({strata.stratum_of[v] for v in views}):
+                    previous = _per_view(stage, stratum, path, common, previous)
+                mapped = True
+                continue
+            rule = {"trigger_rule": TriggerRule.NONE_FAILED} if mapped else {}
+            outlets = {"outlets": assets} if stage.commit else {}
+            current = submit(stage.name, *args.get(stage.name, []), **kwargs.get(stage.name, {}), **rule, **outlets)
+            if previous is not None:
+                previous >> current
+            previous = current
     return dag
+
+
+def _per_view(stage, stratum: int, path: str, common: dict, previous):
+    """A stage run per view (maintain) for one stratum: a small Python task reads the views the run
+    planned there from its record, and the stage's spark-submit is mapped over them (an empty stratum
+    is skipped)."""
+    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+    from airflow.sdk import TriggerRule, task
+
+    @task(task_id=f"views_stratum_{stratum}", trigger_rule=TriggerRule.NONE_FAILED)
+    def select(ivm_run: str) -> list[list[str]]:
+        """The spark-submit arguments of one task per view the run planned here."""
+        from ivm.orchestration.stages import views_of_stratum
+        from ivm.project import Project
+
+        project = Project.open(path)
+        try:
+            return [[stage.name, "--run-id", ivm_run, "--project", path, "--views", v]
+                    for v in views_of_stratum(project.ctx, ivm_run, stratum)]
+        finally:
+            project.close()
+
+    chosen = select(RUN)
+    mapped = SparkSubmitOperator.partial(task_id=f"{stage.name}_stratum_{stratum}", name=f"ivm-{stage.name}",
+                                         trigger_rule=TriggerRule.NONE_FAILED, **common
+                                         ).expand(application_args=chosen)
+    if previous is not None:
+        previous >> chosen
+    chosen >> mapped
+    return mapped

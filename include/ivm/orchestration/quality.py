@@ -63,7 +63,8 @@ class QualityData:
 
     def views(self) -> dict[str, list[RunRow]]:
         """Per view, its runs newest first: each run that maintained it, with its validation."""
-        checks = {(v.run_id, v.view): v for v in self.catalog.validations(limit=20 * HISTORY * max(1, len(self.config.views)))}
+        limit = 20 * HISTORY * max(1, len(self.config.views))
+        checks = {(v.run_id, v.view): v for v in self.catalog.validations(limit=limit)}
         out: dict[str, list[RunRow]] = {v: [] for v in self.config.views}
         for run in self.catalog.runs(limit=20 * HISTORY):
             finished = run.finished_at.strftime("%Y-%m-%d %H:%M:%S") if run.finished_at else ""
@@ -96,7 +97,7 @@ class QualityData:
         return uri
 
     def run(self, run_id: str):
-        run = self.catalog.run(run_id)
+        run = self.catalog.get_run(run_id)
         if run is None:
             raise HTTPException(status_code=404, detail=f"no ivm run {run_id}")
         return run, {v.view: self.validation(v) for v in self.catalog.validations(run_id=run_id)}
@@ -170,9 +171,11 @@ section.view { margin-bottom: 2em; } .chart svg { max-width: 100%; height: auto;
 {% for r in rows %}
 <tr class="run" data-run="{{ r.run_id }}"><td><a href="quality?run={{ r.run_id | urlencode }}">{{ r.run_id }}</a></td>
 <td>{{ r.finished }}</td><td>{{ r.kind }}</td><td>{{ r.mode }}</td>
-<td>{{ r.delta_in if r.delta_in is not none else "" }}</td><td>{{ r.rows_changed if r.rows_changed is not none else "" }}</td>
+<td>{{ r.delta_in if r.delta_in is not none else "" }}</td>
+<td>{{ r.rows_changed if r.rows_changed is not none else "" }}</td>
 <td>{{ "%.2f" | format(r.seconds) if r.seconds is not none else "" }}</td>
-{% if r.validation %}<td class="{{ r.validation.status }}">{{ r.validation.status }}</td><td>{{ r.validation.sample }}</td>
+{% if r.validation %}<td class="{{ r.validation.status }}">{{ r.validation.status }}</td>
+<td>{{ r.validation.sample }}</td>
 <td>{{ r.validation.mismatches }}</td>
 <td>{% if r.validation.report %}<a href="{{ r.validation.report }}">Data Docs</a>{% endif %}</td>
 {% else %}<td>not checked</td><td></td><td></td><td></td>{% endif %}</tr>

@@ -14,6 +14,7 @@ from pathlib import Path
 from tabulate import tabulate
 
 from ivm import IvmError, Project
+from ivm.modes import Mode
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data"
@@ -79,7 +80,7 @@ def main() -> int:
     say("\n   what the incremental refresh changed in each view (+1 a tuple derived once more, -1 once less):")
     for work in result.views:
         delta = project.last_delta(work.view)
-        if work.mode == "incremental" and delta is not None:
+        if work.mode is Mode.INCREMENTAL and delta is not None:
             say(f"\n   Δ {work.view}:")
             rows = [tuple(r) for r in delta.orderBy(*delta.columns).limit(50).collect()]
             say(tabulate(rows, headers=delta.columns, tablefmt="psql", missingval="NULL"))

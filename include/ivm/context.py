@@ -1,0 +1,153 @@
+"""What a run's stages share: the project file, its catalog and warehouse, Spark, and the compiled
+program with its strata (DESIGN.md §6). Stages, validation, compaction and garbage collection take a
+`RunContext`; `ivm.project.Project` is the public face over one. This module imports no stage, so no
+module that a stage imports imports a stage back."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+from functools import cached_property
+
+from pyspark.sql import SparkSession
+from pyspark.sql.types import StructType
+
+from ivm.aggregates import register as register_aggregates
+from ivm.catalog import Catalog
+from ivm.changes.reader import table_schema
+from ivm.config import COUNT_COLUMN, ProjectConfig
+from ivm.errors import ConfigError, NotFoundError
+from ivm.ir import Program
+from ivm.lang import compile_project
+from ivm.maintain import counting, strategy
+from ivm.maintain.groupby import GroupByState
+from ivm.maintain.recompute import Evaluator
+from ivm.spark import session
+from ivm.storage import Warehouse
+from ivm.stratify import Strata, stratify
+
+
+class RunContext:
+    """A project file, its catalog and its warehouse, and what is derived from them once: Spark
+    (started on first use), the compiled program and strata, every stored relation's schema."""
+
+    def __init__(self, config: ProjectConfig, catalog: Catalog | None = None,
+                 start_spark: Callable[[], SparkSession] | None = None):
+        self.config = config
+        self.catalog = catalog or Catalog.open(config.catalog_url)
+        self.warehouse = Warehouse(config.warehouse_uri)
+        self.warehouse.ensure()
+        self._start_spark = start_spark
+
+    @cached_property
+    def spark(self) -> SparkSession:
+        spark = self._start_spark() if self._start_spark is not None else session(self.config.spark)
+        register_aggregates(spark, self.config.aggregates)
+        return spark
+
+    @property
+    def spark_started(self) -> bool:
+        """Whether Spark has started in this process (a stage that needs none starts none)."""
+        return "spark" in vars(self)
+
+    @cached_property
+    def program(self) -> tuple[Program, Strata]:
+        """Every view compiled into one rule program, and its strata. Raises ConfigError naming the
+        view and construct for a definition that cannot be compiled."""
+        program = compile_project(self.config)
+        return program, stratify(program)
+
+    @cached_property
+    def plans_over_empty_tables(self) -> Evaluator:
+        """Every view's plan over empty tables, built once: Spark analyses it for types and schemas."""
+        program, strata = self.program
+        empty = {t: self.spark.createDataFrame([], self.schema(t).add(COUNT_COLUMN, "long"))
+                 for t in self.config.tables}
+        return Evaluator(program, strata, empty, plans_only=True)
+
+    @property
+    def max_iterations(self) -> dict[str, int]:
+        """Each view's limit on the rounds of a recursive fixpoint."""
+        return {name: v.max_iterations for name, v in self.config.views.items()}
+
+    @cached_property
+    def groupby_states(self) -> dict[str, GroupByState]:
+        """The state relation of every GROUPBY subgoal (000 Algorithm 6.1), by name."""
+        program, _ = self.program
+        return counting.groupby_states(program, self.plans_over_empty_tables)
+
+    @cached_property
+    def _stored_schemas(self) -> dict[str, StructType]:
+        """Columns and types of the auxiliary relations views store: auxiliary predicates, GROUPBY
+        states and distinct-value counts (from the plans over empty tables; no Spark job runs)."""
+        empty = self.plans_over_empty_tables
+        out: dict[str, StructType] = {}
+        for name, st in self.groupby_states.items():
+            rows = empty.atom(st.subgoal.atom)
+            out[name] = st.schema(rows)
+            for var in st.distinct_args():
+                out[st.distinct_name(var)] = StructType([f for f in st.distinct_rows(rows, var).schema.fields
+                                                         if f.name != COUNT_COLUMN])
+        return out
+
+    def stored_relations(self, view: str) -> list[str]:
+        """Everything maintaining ``view`` stores: the view, its auxiliary predicates, GROUPBY states."""
+        program, strata = self.program
+        cfg = self.config.views.get(view)
+        if cfg is not None and cfg.strategy is not None and strategy.lookup(cfg.strategy).count_free:
+            return [view]  # key-based and reducing maintenance store the view alone, without counts
+        return counting.stored_relations(program, strata, view)
+
+    def choose_strategy(self, view: str, changed: dict[str, float] | None = None,
+                        current: str | None = None) -> strategy.Choice:
+        """How ``view`` is maintained in a run whose tables changed by about ``changed`` rows each
+        (default: 0.1% of every table it reads), its state being stored as ``current`` (ivm.maintain.strategy)."""
+        program, strata = self.program
+        cfg = self.config.views[view]
+        sizes = {t: sum(x.rows or 0 for x in self.catalog.state(t).layers) for t in self.base_tables(view)}
+        if changed is None or not any(changed.get(t) for t in sizes):
+            # no change to go by (`ivm explain`, a first materialization): 0.1% of every table
+            changed = {t: max(1.0, n / 1000) for t, n in sizes.items()}
+        try:
+            return strategy.choose(program, strata, view, cfg.strategy, cfg.key, sizes, changed, current)
+        except ValueError as e:
+            raise ConfigError(str(e)) from e
+
+    def base_tables(self, view: str) -> list[str]:
+        """The tables ``view`` reads, directly or through the views below it, sorted."""
+        program, strata = self.program
+        return sorted(u for u in strata.upstream(view) if program.predicates[u].kind == "base")
+
+    @property
+    def lease_timeout(self) -> timedelta:
+        return timedelta(minutes=self.config.storage.lease_timeout_minutes)
+
+    def schema(self, relation: str) -> StructType:
+        """A relation's columns and Spark types; a view's come from its plan over empty tables
+        (Spark analyses the plan, no job runs)."""
+        if relation in self.config.tables:
+            _ = self.spark  # (Spark parses the types: started if a stage had not needed it yet)
+            return table_schema(self.config.tables[relation])
+        if relation in self.config.views or relation in self.program[0].predicates:
+            plan = self.plans_over_empty_tables.relation(relation)
+            return StructType([f for f in plan.schema.fields if f.name != COUNT_COLUMN])
+        if relation in self._stored_schemas:
+            return self._stored_schemas[relation]
+        raise NotFoundError(f"unknown table or view {relation!r}")
+
+    def cluster_columns(self, relation: str) -> list[str]:
+        """Base layers are sorted by the key, or by all columns for a bag."""
+        table = self.config.tables.get(relation)
+        if table is not None:
+            return list(table.key or table.columns)
+        pred = self.program[0].predicates.get(relation)
+        if pred is not None and pred.cluster:  # an owner index: by the collection id (002 §4.2)
+            return list(pred.cluster)
+        return [f.name for f in self.schema(relation).fields]
+
+    def all_relations(self) -> list[str]:
+        """Every table and every relation the views store."""
+        return [*self.config.tables, *(r for v in self.config.views for r in self.stored_relations(v))]
+
+    def close(self) -> None:
+        self.catalog.dispose()

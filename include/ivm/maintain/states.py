@@ -1,0 +1,119 @@
+"""A run's view of the stored relations, and what the maintenance algorithms that counting calls
+(ivm.maintain.nested, ivm.maintain.references, ivm.maintain.dred) read of it: `DeltaContext`, the
+protocol `ivm.maintain.counting.Counting` implements, so those modules need not import counting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from pyspark.sql import DataFrame
+
+from ivm.ir import Atom, BodyItem, Literal, Program
+from ivm.storage import Scratch
+from ivm.zset import one_partition, small_change
+
+if TYPE_CHECKING:
+    from ivm.maintain.recompute import Evaluator
+    from ivm.maintain.stats import MaintainStats
+
+
+@dataclass
+class RunStates:
+    """Relations as one refresh sees them: the published layers (the old state), and what this run
+    wrote: a delta layer (Pᵛ = P ⊎ Δ(P)) or, for a full recompute, a new base layer."""
+
+    read: Callable[[str, list[str]], DataFrame]                      # (relation, layer paths) -> Z-set
+    write_delta: Callable[[str, DataFrame], tuple[str, int, int] | None]  # (relation, Δ) -> (path, bytes, rows)
+    #: the run's intermediate results (set changes, fixpoint rounds)
+    scratch: Scratch
+    old_paths: dict[str, list[str]] = field(default_factory=dict)
+    #: rows of each relation's published layers (as the catalog records them; None: some layer's unknown)
+    old_rows: dict[str, int | None] = field(default_factory=dict)
+    delta_paths: dict[str, str] = field(default_factory=dict)
+    #: bytes of each delta layer: small ones are broadcast into the joins of the delta rules
+    delta_bytes: dict[str, int] = field(default_factory=dict)
+    #: rows of each delta layer, and the most a run's deltas may hold to be planned in one partition
+    #: (`spark.single_partition_rows`; 0: never)
+    delta_rows: dict[str, int] = field(default_factory=dict)
+    single_partition_rows: int = 0
+    replaced: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def small(self) -> bool:
+        """Whether the run's deltas so far (its tables', then each one it derives and writes) are
+        together a small change: read in one partition, and the stored relations restricted to their
+        keys gathered in one (`zset.one_partition`). A derived delta that grows past the limit (a
+        join's fan-out) turns the rest of the run to the distributed plan."""
+        return small_change(sum(self.delta_rows.values()), self.single_partition_rows)
+
+    def fits_one_partition(self, name: str) -> bool:
+        """Whether the run is small and ``name``'s published layers are too (`spark.single_partition_rows`):
+        read whole into the run's one partition, they need no restriction to the keys in play."""
+        rows = self.old_rows.get(name)
+        return self.small and rows is not None and small_change(rows, self.single_partition_rows)
+
+    def old(self, name: str) -> DataFrame:
+        return self.read(name, self.old_paths.get(name, []))
+
+    def new(self, name: str) -> DataFrame:
+        if name in self.replaced:
+            return self.read(name, [self.replaced[name]])
+        return self.read(name, self.old_paths.get(name, []) + ([self.delta_paths[name]]
+                                                                if name in self.delta_paths else []))
+
+    def delta(self, name: str) -> DataFrame | None:
+        if name not in self.delta_paths:
+            return None
+        return self.read_written(name, [self.delta_paths[name]])
+
+    def read_written(self, name: str, paths: list[str]) -> DataFrame:
+        """What this run wrote of ``name`` (a delta layer, a set change), read back: in one partition
+        when the run is small."""
+        df = self.read(name, paths)
+        return one_partition(df) if self.small else df
+
+    def note(self, name: str, path: str, size: int, rows: int) -> None:
+        """A delta layer of ``name`` this run reads: a table's net delta, a view's from an earlier stage."""
+        self.delta_paths[name], self.delta_bytes[name], self.delta_rows[name] = path, size, rows
+
+    def put_delta(self, name: str, df: DataFrame) -> DataFrame | None:
+        """Write Δ(name) as a delta layer and read it back (a materialized, reusable plan)."""
+        written = self.write_delta(name, df)
+        if written is None:
+            return None
+        self.note(name, *written)
+        return self.delta(name)
+
+
+class DeltaContext(Protocol):
+    """What a delta rule's evaluation reads and records in one run (000 Algorithm 4.1 over `RunStates`)."""
+
+    program: Program
+    ev: Evaluator
+    states: RunStates
+    #: Δ of every predicate as the predicates above it use it; absent: unchanged in this run
+    used_delta: dict[str, DataFrame]
+    #: the keys each shortcut (ivm.maintain.references) reads from storage in this run
+    shortcut_keys: dict
+    #: keys of a keyed table's net delta that are updates (both images), as its trim observed them
+    updated_keys: dict[str, int]
+    #: tuples of each extraction function's delta in this run (002 §2.2: the changed elements)
+    extraction_rows: dict[str, int]
+    #: what maintaining the current view did beyond its delta
+    stats: MaintainStats
+    schemas: Callable[[str], object]
+
+    def changed(self, pred: str) -> bool: ...
+
+    def used(self, pred: str, state: str) -> DataFrame: ...
+
+    def joined(self, pred: str, state: str) -> DataFrame: ...
+
+    def subgoal(self, pred: str, r: int, j: int, item: BodyItem, state: str) -> DataFrame | None: ...
+
+    def absent(self, item: Literal, df: DataFrame, state: str) -> DataFrame: ...
+
+    def negation_delta(self, atom: Atom) -> DataFrame: ...

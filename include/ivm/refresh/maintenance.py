@@ -1,0 +1,183 @@
+"""Stage 3, maintain: per view, stratum by stratum, the counting algorithm over the old states and the
+deltas (ivm.maintain.counting), DRed for recursive components (ivm.maintain.dred), a count-free strategy
+(ivm.maintain.count_free: 003, 004), or a full recompute from the new snapshot (ivm.maintain.recompute),
+as the plan decided (ivm.refresh.plan). Each view's new layers are staged in the run's record."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from pyspark.sql import DataFrame
+
+from ivm.catalog.store import LayerRef
+from ivm.context import RunContext
+from ivm.errors import NotFoundError, RunError
+from ivm.maintain.count_free import CountFree
+from ivm.maintain.counting import Counting, ephemeral, materialize, view_predicates
+from ivm.maintain.recompute import Evaluator, as_used
+from ivm.maintain.states import RunStates
+from ivm.maintain.strategy import lookup
+from ivm.modes import Mode
+from ivm.refresh.plan import load_plan, old_layer_refs
+from ivm.refresh.record import Plan, ViewWork
+from ivm.spark import adaptive
+from ivm.storage import Scratch, WrittenLayer
+
+Progress = Callable[[str], None]
+
+
+class Maintenance:
+    """What maintaining views in this process shares: the run's states (published layers, this run's
+    staged layers), one Counting over them, one full evaluator. Built from the run's record, so a stage
+    that maintains one stratum (an Airflow task) sees what the stages before it staged."""
+
+    def __init__(self, ctx: RunContext, p: Plan, scratch: Scratch):
+        self.ctx, self.plan = ctx, p
+        program, strata = ctx.program
+        self.written: dict[str, WrittenLayer] = {}
+        self.states = RunStates(read=lambda name, paths: ctx.warehouse.read_layers(ctx.spark, paths, ctx.schema(name)),
+                                write_delta=self._write_delta, scratch=scratch,
+                                single_partition_rows=ctx.config.spark.single_partition_rows)
+        relations = set(ctx.config.tables) | {r for w in p.views for r in ctx.stored_relations(w.view)} | {
+            u for w in p.views for u in strata.upstream(w.view) if program.predicates[u].kind == "view"}
+        self.old: dict[str, list[LayerRef]] = {}
+        for name in relations:
+            self.old[name] = old_layer_refs(ctx, p, name)
+            self.states.old_paths[name] = [x.path for x in self.old[name]]
+            rows = [x.rows for x in self.old[name]]
+            self.states.old_rows[name] = None if None in rows else sum(rows)
+        self.counting = Counting(program, strata, self.states, ctx.groupby_states, ctx.schema,
+                                 ctx.max_iterations)
+        for t in p.tables:  # (all noted before any is read: together they decide `small`)
+            if t.layer:
+                self.states.note(t.table, t.layer.path, t.layer.bytes or 0, t.layer.rows or 0)
+        for t in p.tables:
+            if t.layer:
+                self.counting.note_delta(t.table, self.states.delta(t.table))
+            if t.updated_keys is not None:
+                self.counting.updated_keys[t.table] = t.updated_keys
+        self.full = Evaluator(program, strata, {}, scratch=scratch, limits=ctx.max_iterations,
+                              grouped_only=frozenset(ephemeral(program, strata)))  # (given: consolidated states)
+        self.count_free = CountFree(program, strata, self.counting)
+        for work in p.views:  # what earlier stages staged: the views of lower strata
+            if work.maintained:
+                self.absorb(work)
+
+    def _write_delta(self, name: str, df: DataFrame) -> tuple[str, int, int] | None:
+        layer = self.ctx.warehouse.write_layer(df, name, "delta", run_id=self.plan.run_id)
+        if layer.rows == 0:  # nothing changed: no empty layer
+            self.ctx.warehouse.delete(layer.path)
+            return None
+        self.written[name] = layer
+        return layer.path, layer.bytes or 0, layer.rows or 0
+
+    def new_state(self, name: str) -> DataFrame:
+        """``name`` after this run, consolidated: the base layer a full recompute wrote, or its old layers
+        and this run's delta (`Warehouse.read_consolidated`)."""
+        states, ctx = self.states, self.ctx
+        if name in states.replaced:  # a base layer: consolidated as written
+            return states.new(name)
+        layers = self.old.get(name, []) + ([LayerRef("", "delta", states.delta_paths[name], None,
+                                                     states.delta_bytes[name])] if name in states.delta_paths else [])
+        return ctx.warehouse.read_consolidated(ctx.spark, layers, ctx.schema(name), ctx.cluster_columns(name))
+
+    def absorb(self, work: ViewWork) -> None:
+        """Make a view maintained by an earlier stage visible to the views above it: its new state, and
+        (incremental) its delta as they use it."""
+        for name, layer in work.layers.items():
+            if work.mode is Mode.FULL:
+                self.states.replaced[name] = layer.path
+            else:
+                self.states.note(name, layer.path, layer.bytes or 0, layer.rows or 0)
+        if work.mode is Mode.INCREMENTAL and work.view in work.layers:
+            self.counting.note_delta(work.view, self.states.delta(work.view))
+
+    def maintain(self, work: ViewWork, progress: Progress) -> None:
+        """One view: the counting algorithm (DRed inside it for recursive components) or a full recompute."""
+        ctx, states, counting, full = self.ctx, self.states, self.counting, self.full
+        program, strata = ctx.program
+        started = time.perf_counter()
+        self.written.clear()
+        work.delta_in = sum(t.delta_rows for t in self.plan.tables if t.table in work.changed_inputs)
+        if work.rule_change is not None:
+            counting.rule_changes |= dict.fromkeys(view_predicates(program, strata, work.view), work.rule_change)
+        elif work.mode is Mode.INCREMENTAL and not any(counting.changed(u) for u in strata.upstream(work.view)):
+            work.mode, work.reason = Mode.NOOP, "the net deltas of its inputs are empty or cancel out"
+            progress(f"maintain: {work.view}: nothing to do, {work.reason}")
+            return
+        strategy = lookup(work.strategy)
+        if work.mode is Mode.INCREMENTAL and strategy.count_free:
+            outcome = self.count_free.maintain(work.view, strategy, ctx.config.views[work.view], work.upstream)
+            delta = states.put_delta(work.view, outcome.delta) if outcome.delta is not None else None
+            if delta is not None:  # a set change already: the views above use it as it is
+                counting.used_delta[work.view] = delta
+            own = self.written.get(work.view)
+            work.rows_changed = work.rows = own.rows if own else 0
+            work.detail = dict(outcome.detail)
+            how = f"{work.reason.split(':')[0]}, {work.rows_changed} tuples changed" + (
+                f" ({', '.join(f'{k} {n}' for k, n in outcome.detail.items())})" if outcome.detail else "")
+            how += "".join(f"; {n}" for n in outcome.notes)
+        elif work.mode is Mode.INCREMENTAL:
+            stats = counting.maintain_view(work.view)
+            own = self.written.get(work.view)
+            work.rows_changed = work.rows = own.rows if own else 0
+            work.detail = stats.detail()
+            how = f"{work.reason.split(':')[0]}, {work.rows_changed} tuples changed{stats.describe()}"
+        else:
+            own = set(view_predicates(program, strata, work.view))  # a recursive view is upstream of itself
+            for name in strata.upstream(work.view) - set(full.relations) - own:
+                if program.predicates[name].kind in ("base", "view"):  # (extractions: from their tables)
+                    full.relations[name] = self.new_state(name)
+            for name, df in materialize(full, ctx.groupby_states, work.view):
+                if strategy.count_free:
+                    if name != work.view:
+                        continue  # key-based and reducing maintenance store the view alone, each tuple once
+                    df = as_used(program.predicates[name], df)
+                layer = ctx.warehouse.write_layer(df, name, "base", cluster_by=ctx.cluster_columns(name),
+                                                  run_id=self.plan.run_id)
+                self.written[name] = layer
+                states.replaced[name] = layer.path
+                if name in program.predicates:  # the predicates above read what was written, not its lineage
+                    full.relations[name] = states.new(name)
+                elif name in ctx.groupby_states:  # T of its GROUPBY subgoal, as the state holds it
+                    st = ctx.groupby_states[name]
+                    full.groupby_tables[st.subgoal] = st.finalize(states.new(name))
+            work.rows = self.written[work.view].rows
+            how = f"full recompute ({work.reason}), {work.rows} rows"
+        work.layers = {r: self.written[r] for r in ctx.stored_relations(work.view) if r in self.written}
+        work.seconds = time.perf_counter() - started
+        progress(f"maintain: {work.view} (stratum {work.stratum}): {how} ({work.seconds:.2f} s)")
+
+
+def maintain_stage(ctx: RunContext, run_id: str, views: list[str] | None = None,
+                   progress: Progress = lambda _: None) -> list[ViewWork]:
+    """Stage 3: the planned views (or the named ones, e.g. one stratum's), in stratum order. Each view's
+    new layers are staged in the run's record; the views of lower strata must have been maintained by an
+    earlier call (or in this one)."""
+    p, _ = load_plan(ctx, run_id)
+    todo = [w for w in p.views if views is None or w.view in views]
+    unknown = sorted(set(views or []) - {w.view for w in p.views})
+    if unknown:
+        raise NotFoundError(f"run {run_id} does not refresh {unknown[0]}")
+    for w in todo:
+        below = [u.view for u in p.views if u.view in ctx.program[1].upstream(w.view)
+                 and not u.maintained and u not in todo]
+        if below:
+            raise RunError(f"run {run_id}: {w.view} reads {below[0]}, which is not maintained yet")
+    if not todo:
+        return []
+    for w in todo:  # a retried stage starts from what the stages before it staged, not from its own attempt
+        w.maintained, w.layers, w.detail = False, {}, {}
+        w.mode, w.reason = w.planned or (w.mode, w.reason)
+    scratch = Scratch(ctx.warehouse, ctx.spark, f"{run_id}/{'+'.join(w.view for w in todo)[:100]}")
+    m = Maintenance(ctx, p, scratch)
+    for work in todo:
+        # a small run's incremental maintenance without adaptive execution (ivm.spark.adaptive); a full
+        # recompute keeps it. Decided as the view starts: should its derived deltas outgrow the limit (a
+        # fan-out), the rest of the view runs the distributed plan without it, as planned statically
+        with adaptive(ctx.spark, not (work.mode is Mode.INCREMENTAL and m.states.small)):
+            m.maintain(work, progress)  # (what it wrote is visible to the views above it through m already)
+        work.maintained = True
+        ctx.catalog.save_stage(run_id, work.maintain_record())
+    return todo

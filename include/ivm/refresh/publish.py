@@ -1,0 +1,78 @@
+"""Stages 5 and 6, publish (the commit point: one catalog transaction) and compact; and the report of a
+run as its record tells it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from ivm import compaction
+from ivm.catalog.store import PublishChange, aware
+from ivm.context import RunContext
+from ivm.errors import RunError, ValidationError
+from ivm.maintain.strategy import stored_form
+from ivm.modes import Mode
+from ivm.refresh.plan import load_plan
+from ivm.refresh.record import RefreshResult
+
+Progress = Callable[[str], None]
+
+
+def publish_stage(ctx: RunContext, run_id: str, progress: Progress = lambda _: None) -> RefreshResult:
+    """Stage 5, the commit point: every staged layer, the watermarks and the run's outcome in one catalog
+    transaction (if any relation moved since the plan, nothing is published); then the run's staging
+    folder goes. The only stage that changes what readers see."""
+    started = time.perf_counter()
+    p, versions = load_plan(ctx, run_id)
+    missing = [t.table for t in p.tables if not t.trimmed] + [v.view for v in p.views if not v.maintained]
+    if missing:
+        raise RunError(f"run {run_id}: {missing[0]} has not been staged yet; nothing was published")
+    failed = [r.relation for r in ctx.catalog.stage_records(run_id)
+              if r.stage == "validate" and r.detail.get("outcome") == "failed"]
+    if failed:
+        raise ValidationError(f"run {run_id}: validation failed for {failed[0]}; nothing was published")
+    if p.replay:  # the tables are as published; every view's restored state, plus its delta, replaces it
+        changes = [PublishChange(r, versions.get(r), [v.layers[r]] if r in v.layers else [], create=True,
+                                 replace=v.mode is Mode.FULL, base=None if v.mode is Mode.FULL else
+                                 [x["id"] for x in p.replay.layers[r]], form=stored_form(v.strategy) if r == v.view
+                                 else None)
+                   for v in p.views for r in ctx.stored_relations(v.view) if v.mode is not Mode.FULL or r in v.layers]
+        watermarks = {}
+    else:
+        changes = [PublishChange(t.table, versions[t.table], [t.layer]) for t in p.tables if t.layer]
+        for v in p.views:
+            changes += [PublishChange(r, versions.get(r), [layer], replace=v.mode is Mode.FULL, create=True,
+                                      form=stored_form(v.strategy) if v.mode is Mode.FULL and r == v.view else None)
+                        for r, layer in v.layers.items()]
+            if v.rule_change is not None and v.view not in v.layers:  # the new definition holds, unchanged
+                changes.append(PublishChange(v.view, versions[v.view], []))
+        watermarks = {(t.table, t.table): t.to_version for t in p.tables}
+    watermarks |= {(v.view, t): p.snapshot[t] for v in p.views for t in v.upstream}
+    # the states later replays may start from: each relation whose watermarks are this run's snapshot
+    consistent = {t: {(t, t): n} for t, n in p.snapshot.items()}
+    for view in ctx.config.views:
+        tables = ctx.base_tables(view)
+        if all(t in p.snapshot for t in tables):
+            consistent |= dict.fromkeys(ctx.stored_relations(view), {(view, t): p.snapshot[t] for t in tables})
+    status = "succeeded" if p.tables or p.views else "noop"
+    ctx.catalog.publish(run_id, changes, watermarks, status=status, consistent=consistent)
+    seconds = time.perf_counter() - started
+    progress(f"publish: {len(changes)} new versions and {len(watermarks)} watermarks at one snapshot ({seconds:.2f} s)")
+    ctx.warehouse.delete(ctx.warehouse.path("staging", run_id))  # set changes, fixpoint rounds
+    return RefreshResult(run_id, status, p.snapshot, p.tables, seconds, p.views)
+
+
+def compact_stage(ctx: RunContext, run_id: str, progress: Progress = lambda _: None) -> list[str]:
+    """Stage 6: compact the relations this run grew past their thresholds, each in its own transaction."""
+    p, _ = load_plan(ctx, run_id)
+    grown = [t.table for t in p.tables if t.layer] + [
+        r for v in p.views if v.mode is Mode.INCREMENTAL for r in v.layers]
+    return [c.relation for c in compaction.compact(ctx, grown, progress=progress)]
+
+
+def report(ctx: RunContext, run_id: str) -> RefreshResult:
+    """A run as its record tells it (what the report task logs)."""
+    p, _ = load_plan(ctx, run_id)
+    run = ctx.catalog.get_run(run_id)
+    seconds = (aware(run.finished_at) - aware(run.started_at)).total_seconds() if run and run.finished_at else 0.0
+    return RefreshResult(run_id, run.status if run else "unknown", p.snapshot, p.tables, seconds, p.views)

@@ -1,0 +1,216 @@
+"""A run's record: what the plan decided and what each stage staged, as dataclasses with one way to and
+from the JSON the catalog keeps (``ivm_run_stages.detail``), so a stage in another process (an Airflow
+task) goes on from where the stages before it left the run.
+
+>>> t = TableDelta("orders", 3, 5, 12)
+>>> TableDelta.from_json(t.to_json()) == t
+True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ivm.catalog.store import LayerRef, StageRecord
+from ivm.maintain.dred import RuleChange
+from ivm.modes import Mode
+from ivm.storage import WrittenLayer
+
+
+def layer_json(layer: WrittenLayer | LayerRef, relation: str | None = None) -> dict[str, Any]:
+    """A layer as a run's record keeps it (a catalog LayerRef names no relation: ``relation`` does)."""
+    return {"id": layer.id, "relation": relation or layer.relation, "kind": layer.kind, "path": layer.path,
+            "rows": layer.rows, "bytes": layer.bytes}
+
+
+def layer_from_json(d: dict[str, Any]) -> WrittenLayer:
+    return WrittenLayer(d["id"], d["relation"], d["kind"], d["path"], d["rows"], d["bytes"])
+
+
+@dataclass
+class TableDelta:
+    """What a refresh does to one base table."""
+
+    table: str
+    from_version: int
+    to_version: int
+    log_rows: int
+    delta_rows: int = 0
+    seconds: float = 0.0
+    layer: WrittenLayer | None = None
+    #: the trim stage has staged this table's delta
+    trimmed: bool = False
+    #: keys of a keyed table whose net delta updates them (both images), as the trim observed; None:
+    #: not known (a bag table, a replay of published deltas)
+    updated_keys: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """As the plan records it."""
+        return {"table": self.table, "from_version": self.from_version, "to_version": self.to_version,
+                "log_rows": self.log_rows}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> TableDelta:
+        return cls(d["table"], d["from_version"], d["to_version"], d["log_rows"])
+
+    def trim_record(self) -> StageRecord:
+        """What the trim stage records of the table."""
+        return StageRecord("trim", self.table, mode=Mode.INCREMENTAL, rows_in=self.log_rows,
+                           delta_rows=self.delta_rows, seconds=round(self.seconds, 3), status="staged",
+                           detail={"from_version": self.from_version, "to_version": self.to_version,
+                                   "layer": layer_json(self.layer) if self.layer else None,
+                                   "updated_keys": self.updated_keys})
+
+    def absorb_trim(self, r: StageRecord) -> None:
+        """The table as the trim stage's record ``r`` left it."""
+        self.delta_rows, self.seconds, self.trimmed = r.delta_rows or 0, r.seconds or 0.0, True
+        self.layer = layer_from_json(r.detail["layer"]) if r.detail.get("layer") else None
+        self.updated_keys = r.detail.get("updated_keys")
+
+
+@dataclass
+class ViewWork:
+    """What a refresh does to one view: its mode, why, and the layers it wrote."""
+
+    view: str
+    stratum: int
+    mode: Mode  # incremental | full | noop
+    reason: str
+    upstream: list[str]
+    #: the upstream tables whose logs changed in this run
+    changed_inputs: list[str] = field(default_factory=list)
+    #: rows of the input deltas the view's delta rules read (incremental), or of its inputs' deltas
+    delta_in: int = 0
+    #: rows of the view's own delta layer (incremental): tuples whose count changed
+    rows_changed: int | None = None
+    #: rows written: the delta layer (incremental) or the new base layer (full)
+    rows: int | None = None
+    seconds: float = 0.0
+    #: rules removed from and added to the view since its stored state was computed (DRed follows them)
+    rule_change: RuleChange | None = None
+    #: what the algorithm did beyond the delta (DRed: tuples over-deleted, rederived, inserted)
+    detail: dict[str, int] = field(default_factory=dict)
+    #: every relation the view stores (itself, auxiliary predicates, GROUPBY states) -> its new layer
+    layers: dict[str, WrittenLayer] = field(default_factory=dict)
+    #: a maintain stage has staged this view's layers
+    maintained: bool = False
+    #: (mode, reason) as planned, before a maintain stage found it a noop (a retry starts from these)
+    planned: tuple[Mode, str] | None = None
+    #: counting, keyed (003) or reduce (004): a name of ivm.maintain.strategy.REGISTRY, and the cost
+    #: model's candidates
+    strategy: str = "counting"
+    choice: dict | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """As the plan records it (a rule change as whether there is one: the load compares it anew)."""
+        return {"view": self.view, "stratum": self.stratum, "mode": self.mode, "reason": self.reason,
+                "upstream": self.upstream, "changed_inputs": self.changed_inputs,
+                "rule_change": self.rule_change is not None, "strategy": self.strategy, "choice": self.choice}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> ViewWork:
+        mode = Mode(d["mode"])
+        return cls(d["view"], d["stratum"], mode, d["reason"], d["upstream"], d["changed_inputs"],
+                   planned=(mode, d["reason"]), strategy=d.get("strategy", "counting"), choice=d.get("choice"))
+
+    def maintain_record(self) -> StageRecord:
+        """What the maintain stage records of the view."""
+        return StageRecord("maintain", self.view, mode=self.mode, rows_in=self.delta_in, rows_out=self.rows,
+                           delta_rows=self.rows_changed, seconds=round(self.seconds, 3), status="staged",
+                           detail={"stratum": self.stratum, "reason": self.reason, "relations": sorted(self.layers),
+                                   "strategy": self.strategy, "choice": self.choice,
+                                   "layers": {n: layer_json(x) for n, x in self.layers.items()},
+                                   "algorithm": self.detail, **self.detail})
+
+    def absorb_maintain(self, r: StageRecord) -> None:
+        """The view as the maintain stage's record ``r`` left it."""
+        self.mode = Mode(r.mode) if r.mode else self.mode
+        self.reason, self.delta_in = r.detail.get("reason", self.reason), r.rows_in or 0
+        self.rows, self.rows_changed, self.seconds = r.rows_out, r.delta_rows, r.seconds or 0.0
+        self.detail = dict(r.detail.get("algorithm", {}))
+        self.layers = {name: layer_from_json(x) for name, x in r.detail.get("layers", {}).items()}
+        self.maintained = True
+
+
+@dataclass
+class Replay:
+    """The state a replay starts from: every relation the views need as a published run left it."""
+
+    from_version: int
+    #: the run whose published state is restored, and its snapshot
+    run_id: str
+    snapshot: dict[str, int]
+    #: relation -> its layers in that state (json, as `layer_json`)
+    layers: dict[str, list[dict]]
+
+    def paths(self, name: str) -> list[str]:
+        return [x["path"] for x in self.layers[name]]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"from_version": self.from_version, "run_id": self.run_id, "snapshot": self.snapshot,
+                "layers": self.layers}
+
+
+@dataclass
+class Plan:
+    run_id: str
+    snapshot: dict[str, int]
+    tables: list[TableDelta] = field(default_factory=list)
+    views: list[ViewWork] = field(default_factory=list)
+    mode: Mode = Mode.AUTO
+    #: a replay (``ivm backfill --from-version N``): where it starts; see `ivm.refresh.plan.plan_replay`
+    replay: Replay | None = None
+
+    def record(self, versions: dict[str, int | None]) -> StageRecord:
+        """The plan stage's record: the plan and the relation versions it read (publish checks that
+        nothing moved since)."""
+        return StageRecord("plan", detail={
+            "snapshot": self.snapshot, "mode": self.mode, "versions": versions,
+            "replay": self.replay.to_json() if self.replay else None,
+            "tables": [t.to_json() for t in self.tables], "views": [v.to_json() for v in self.views]})
+
+    @classmethod
+    def from_records(cls, run_id: str, records: list[StageRecord]
+                     ) -> tuple[Plan, dict[str, int | None], list[dict[str, Any]]]:
+        """The plan a run's records hold, with its tables and views as their stages staged them so far;
+        the versions it read; the planned views as recorded (the caller resolves their rule changes).
+        The records must hold a plan."""
+        d = next(r.detail for r in reversed(records) if r.stage == "plan")
+        p = cls(run_id, d["snapshot"], mode=Mode(d["mode"]), replay=Replay(**d["replay"]) if d.get("replay") else None)
+        trimmed = {r.relation: r for r in records if r.stage == "trim"}
+        maintained = {r.relation: r for r in records if r.stage == "maintain"}
+        for t in d["tables"]:
+            item = TableDelta.from_json(t)
+            if item.table in trimmed:
+                item.absorb_trim(trimmed[item.table])
+            p.tables.append(item)
+        for v in d["views"]:
+            work = ViewWork.from_json(v)
+            if work.view in maintained:
+                work.absorb_maintain(maintained[work.view])
+            p.views.append(work)
+        return p, d["versions"], d["views"]
+
+
+@dataclass
+class RefreshResult:
+    run_id: str | None
+    status: str  # succeeded | noop
+    snapshot: dict[str, int]
+    tables: list[TableDelta]
+    seconds: float
+    views: list[ViewWork] = field(default_factory=list)
+    compacted: list[str] = field(default_factory=list)
+
+    SUMMARY_HEADERS = ["relation", "mode", "commit versions", "rows in the delta", "rows changed", "rows written",
+                       "seconds"]
+
+    def summary_rows(self) -> list[list[object]]:
+        """Tables: log rows in, net delta rows out. Views: input delta rows in, changed tuples out."""
+        rows: list[list[object]] = [
+            [t.table, "trim", f"{t.from_version + 1}..{t.to_version}", t.log_rows, t.delta_rows, t.delta_rows,
+             f"{t.seconds:.2f}"] for t in self.tables]
+        rows += [[v.view, v.mode, "", v.delta_in, "" if v.rows_changed is None else v.rows_changed,
+                  "" if v.rows is None else v.rows, f"{v.seconds:.2f}"] for v in self.views]
+        return rows

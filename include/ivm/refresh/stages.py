@@ -1,0 +1,149 @@
+"""The stages of a run, listed once: `STAGES`. `ivm refresh` runs them in one process (`refresh`), an
+Airflow task runs one (`run_stage`, under ``jobs/ivm_stage.py``), and the DAG factory
+(ivm.orchestration.dags) makes a task of each, all by iterating this tuple.
+
+Every stage reads what the stages before it recorded in the catalog and records what it staged, so each
+can run in its own process, on any machine, and be retried: it stages its output under names fixed by
+the run (a retry overwrites its own files and replaces its own record) and never touches published data;
+publish is the only stage that changes what readers see.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tabulate import tabulate
+
+from ivm.context import RunContext
+from ivm.errors import ConfigError
+from ivm.modes import Mode
+from ivm.refresh.maintenance import maintain_stage
+from ivm.refresh.plan import begin, plan
+from ivm.refresh.publish import compact_stage, publish_stage, report
+from ivm.refresh.record import RefreshResult
+from ivm.refresh.trim import trim_stage
+from ivm.refresh.validation import validate_stage
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class StageArgs:
+    """What a stage is told besides the run: ``views``, ``mode``, ``kind`` and ``from_version`` (a
+    replay) matter to plan (which views the run refreshes, and how), ``views`` to maintain too (which of
+    the planned views this task maintains: one stratum's, or one view), ``sample`` to validate."""
+
+    run_id: str
+    views: tuple[str, ...] = ()
+    mode: Mode = Mode.AUTO
+    kind: str = "refresh"
+    from_version: int | None = None
+    sample: int | None = None
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    run: Callable[[RunContext, StageArgs, Progress], object]
+    #: Spark does the stage's work: the process starts Spark before it. The other stages read and write
+    #: the catalog and start Spark only if they come to need it (compact with something to compact)
+    spark: bool
+    #: one task per view of a stratum (the DAG maps it over the views the run planned there)
+    per_view: bool = False
+    #: the commit point: what readers see changes here, so the stages after it cannot fail the run
+    commit: bool = False
+    #: `ivm refresh` runs it (the report is what the CLI prints itself)
+    in_process: bool = True
+
+
+def _plan(ctx: RunContext, a: StageArgs, say: Progress) -> None:
+    p = plan(ctx, list(a.views) or None, a.mode, a.run_id, a.from_version)
+    begin(ctx, p, a.kind)
+    say(f"plan: snapshot {p.snapshot}; {len(p.tables)} tables, {len(p.views)} views: "
+        + ("; ".join(f"{w.view} (stratum {w.stratum}): {w.mode}, {w.reason}" for w in p.views) or "nothing to do"))
+
+
+def _report(ctx: RunContext, a: StageArgs, say: Progress) -> RefreshResult:
+    result = report(ctx, a.run_id)
+    say(f"run {a.run_id} {result.status}\n"
+        + tabulate(result.summary_rows(), headers=result.SUMMARY_HEADERS, tablefmt="simple"))
+    return result
+
+
+#: a run's stages, in order (DESIGN.md §6)
+STAGES: tuple[Stage, ...] = (
+    Stage("plan", _plan, spark=False),
+    Stage("trim", lambda ctx, a, say: trim_stage(ctx, a.run_id, say), spark=True),
+    Stage("maintain", lambda ctx, a, say: maintain_stage(ctx, a.run_id, list(a.views) or None, say), spark=True,
+          per_view=True),
+    Stage("validate", lambda ctx, a, say: validate_stage(ctx, a.run_id, say, a.sample), spark=True),
+    Stage("publish", lambda ctx, a, say: publish_stage(ctx, a.run_id, say), spark=False, commit=True),
+    Stage("compact", lambda ctx, a, say: compact_stage(ctx, a.run_id, say), spark=False),
+    Stage("report", _report, spark=False, in_process=False),
+)
+STAGE_NAMES = tuple(s.name for s in STAGES)
+
+
+def stage(name: str) -> Stage:
+    found = next((s for s in STAGES if s.name == name), None)
+    if found is None:
+        raise ConfigError(f"unknown stage {name!r}; use one of {', '.join(STAGE_NAMES)}")
+    return found
+
+
+def run_stage(ctx: RunContext, name: str, args: StageArgs) -> object:
+    """Run stage ``name`` of run ``args.run_id``; progress and timings go to the log (the task log in
+    Airflow). A failure records the run failed with the stage's name and one line, and keeps the run's
+    leases: the run stays retryable until they expire or a retry publishes."""
+    s = stage(name)
+    started = time.perf_counter()
+    log.info("ivm %s: run %s%s", name, args.run_id, f", views {', '.join(args.views)}" if args.views else "")
+    try:
+        with ctx.catalog.run(args.run_id, keep_leases=True, failure=f"{name}: "):
+            if s.spark:
+                _ = ctx.spark
+            return s.run(ctx, args, log.info)
+    finally:
+        log.info("ivm %s: done in %.2f s", name, time.perf_counter() - started)
+
+
+def refresh(ctx: RunContext, progress: Progress = lambda _: None, views: list[str] | None = None,
+            mode: str = Mode.AUTO, run_id: str | None = None, kind: str = "refresh",
+            from_version: int | None = None, sample: int | None = None) -> RefreshResult:
+    """`ivm refresh`: every stage of `STAGES` in this process, through the same stage functions the
+    Airflow tasks run. Raises on bad change data or a failed validation; nothing is applied then. A
+    refresh with nothing to do records no run and starts no Spark."""
+    started = time.perf_counter()
+    p = plan(ctx, views, mode, run_id, from_version)
+    if not p.tables and not p.views:
+        progress("plan: no table has changes past its watermark and every view is current; nothing to refresh")
+        return RefreshResult(None, "noop", p.snapshot, [], time.perf_counter() - started)
+    progress(f"plan: run {p.run_id}, snapshot " + ", ".join(f"{t}@{v}" for t, v in p.snapshot.items())
+             + f"; {len(p.tables)} tables and {len(p.views)} views to refresh"
+             + (f"; replay from commit version {p.replay.from_version}: the state after run {p.replay.run_id} "
+                "(" + ", ".join(f"{t}@{v}" for t, v in p.replay.snapshot.items()) + ")" if p.replay else ""))
+    if not ctx.spark_started:  # start Spark outside the stage timings
+        t0 = time.perf_counter()
+        _ = ctx.spark
+        progress(f"spark: started ({time.perf_counter() - t0:.2f} s)")
+    args = StageArgs(p.run_id, mode=p.mode, kind=kind, from_version=from_version, sample=sample)
+    done: dict[str, object] = {}
+    committed = False
+    with ctx.catalog.run(p.run_id):  # (a failure before the commit: the run failed, with one line)
+        begin(ctx, p, kind)  # the plan stage's record, of the plan made above
+        for s in STAGES[1:]:
+            if s.in_process and not committed:
+                done[s.name] = s.run(ctx, args, progress)
+                committed = s.commit
+    for s in STAGES[1:]:  # after the commit point, outside it: each its own atomic step (compaction)
+        if s.in_process and s.name not in done:
+            done[s.name] = s.run(ctx, args, progress)
+    result = next(r for r in done.values() if isinstance(r, RefreshResult))
+    result.compacted = done.get("compact") or []
+    result.seconds = time.perf_counter() - started
+    return result

@@ -1,0 +1,119 @@
+"""Stage 2, trim: per table, the net delta between its watermark and the snapshot, checked against the
+stored rows (002 §3, ivm.changes.trim) and staged as the table's delta layer; for a replay, the
+difference between the table's published and restored states."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from pyspark.util import inheritable_thread_target
+
+from ivm.changes.ingest import has_update_images, read_log
+from ivm.changes.trim import log_bounds, trim
+from ivm.context import RunContext
+from ivm.errors import ChangeDataError
+from ivm.refresh.plan import load_plan
+from ivm.refresh.record import Plan, TableDelta
+from ivm.spark import adaptive
+from ivm.storage import Scratch, WrittenLayer
+from ivm.zset import consolidate, negate, small_change
+
+Progress = Callable[[str], None]
+#: tables trimmed at once (each a few small Spark jobs; beyond a handful they only queue)
+TRIM_THREADS = 4
+
+
+def replay_delta(ctx: RunContext, p: Plan, item: TableDelta) -> TableDelta:
+    """Stage 2 of a replay, for one table: its changes since the restored state, as the published state
+    minus the restored one. While no compaction intervened the published state is the restored layers
+    followed by the delta layers of the runs since (each the net delta trimmed from the log then), and
+    the change is those layers; otherwise the difference of the two states. Staged in the run's scratch
+    space: a replay publishes no table."""
+    started = time.perf_counter()
+    name, schema = item.table, ctx.schema(item.table)
+    restored = p.replay.layers[name]
+    current = ctx.catalog.state(name).layers
+    read = lambda paths: ctx.warehouse.read_layers(ctx.spark, paths, schema)  # noqa: E731
+    if [x.id for x in current[:len(restored)]] == [x["id"] for x in restored]:
+        added = current[len(restored):]
+        item.log_rows = sum(x.rows or 0 for x in added)
+        delta = consolidate(read([x.path for x in added]))
+    else:
+        item.log_rows = sum(x.rows or 0 for x in current)
+        old = negate(read(p.replay.paths(name)))
+        delta = consolidate(read([x.path for x in current]).unionByName(old))
+    path, rows, size = Scratch(ctx.warehouse, ctx.spark, p.run_id).put(f"replay/{name}", delta)
+    item.delta_rows = rows
+    item.layer = WrittenLayer(f"replay-{name}", name, "delta", path, rows, size) if rows else None
+    item.seconds = time.perf_counter() - started
+    return item
+
+
+def trim_table(ctx: RunContext, run_id: str, item: TableDelta) -> Callable[[], TableDelta]:
+    """Stage 2 for one table: read its log range, check it against the snapshot, write the net delta.
+    The catalog is read here (log segments, the table's layers); the Spark work is the returned
+    function, which the stage runs beside the other tables'."""
+    started = time.perf_counter()
+    name, table = item.table, ctx.config.tables[item.table]
+    # read under the lease: a late commit that landed since the plan is part of this range too
+    segments = ctx.catalog.segments(name, item.from_version, item.to_version)
+    item.log_rows = sum(s.rows for s in segments)
+    layers = ctx.catalog.state(name).layers
+    schema, spark = ctx.schema(name), ctx.spark
+    # where the range's keys fall, as its segments recorded when they were appended (all of them, or
+    # the trim finds them from the log with a query)
+    bounds = log_bounds(table, [s.key_bounds for s in segments])
+
+    def run() -> TableDelta:
+        changes = read_log(spark, table, segments, item.from_version, item.to_version)
+        current = ctx.warehouse.read_layers(spark, [x.path for x in layers], schema)
+        net = trim(name, table, changes, current, sum(x.rows or 0 for x in layers),
+                   update_images=has_update_images(ctx.warehouse, segments),
+                   small=item.log_rows > 0 and small_change(item.log_rows, ctx.config.spark.single_partition_rows),
+                   bounds=bounds)
+        layer = ctx.warehouse.write_layer(net.delta, name, "delta", run_id=run_id)
+        try:
+            net.check()  # observed while the delta was written
+        except ChangeDataError:
+            ctx.warehouse.delete(layer.path)
+            raise
+        if layer.rows == 0:  # every change cancelled out: advance the watermark, keep no empty layer
+            ctx.warehouse.delete(layer.path)
+            layer = None
+        item.layer, item.delta_rows, item.updated_keys = layer, layer.rows if layer else 0, net.updated_keys()
+        item.seconds = time.perf_counter() - started
+        return item
+
+    return run
+
+
+def trim_stage(ctx: RunContext, run_id: str, progress: Progress = lambda _: None) -> list[TableDelta]:
+    """Stage 2: every planned table's net delta, staged as its delta layer (written under a name fixed by
+    the run and table, so a retried stage overwrites its own output).
+
+    The tables are trimmed side by side (TRIM_THREADS threads submitting Spark jobs at once): a trim is
+    a handful of small jobs and driver-side planning, which alone leave the executors idle. The first
+    failure in plan order is raised once every trim has ended; nothing is recorded then."""
+    p, _ = load_plan(ctx, run_id)
+    if p.replay:
+        done = [replay_delta(ctx, p, item) for item in p.tables]
+    else:
+        limit = ctx.config.spark.single_partition_rows
+        # without adaptive execution when every log range is a small change's (ivm.spark.adaptive; one
+        # setting of the session for the trims running side by side)
+        with adaptive(ctx.spark, not all(small_change(t.log_rows, limit) for t in p.tables)):
+            if len(p.tables) == 1:  # nothing to overlap with
+                done = [trim_table(ctx, run_id, p.tables[0])()]
+            else:
+                runs = [inheritable_thread_target(ctx.spark)(trim_table(ctx, run_id, item)) for item in p.tables]
+                with ThreadPoolExecutor(max_workers=TRIM_THREADS, thread_name_prefix="ivm-trim") as pool:
+                    futures = [pool.submit(run) for run in runs]
+                done = [f.result() for f in futures]  # (leaving the pool waited for every trim)
+    for item in done:
+        ctx.catalog.save_stage(run_id, item.trim_record())
+        progress(f"trim: {item.table}: commit versions {item.from_version + 1}..{item.to_version}, "
+                 f"{item.log_rows} {'rows of published deltas' if p.replay else 'changes'} -> net delta of "
+                 f"{item.delta_rows} rows ({item.seconds:.2f} s)")
+    return p.tables

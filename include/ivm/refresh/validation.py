@@ -1,0 +1,54 @@
+"""Stage 4, validate: every incrementally maintained view's staged new state checked before it is
+published (ivm.validate)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ivm.catalog.store import StageRecord
+from ivm.context import RunContext
+from ivm.errors import ValidationError
+from ivm.maintain.strategy import stored_form
+from ivm.modes import Mode
+from ivm.refresh.plan import load_plan, old_layers
+from ivm.validate import ViewState, check_views
+
+Progress = Callable[[str], None]
+
+
+def validate_stage(ctx: RunContext, run_id: str, progress: Progress = lambda _: None,
+                   sample: int | None = None) -> dict[str, str]:
+    """Stage 4: check every incrementally maintained view's staged new state before it is published
+    (ivm.validate): no tuple the run changed may end with a negative count, and a sample of its keys
+    (the ones the run touched first) recomputed from the new snapshot must equal it, row by row with
+    counts, under its Great Expectations suite. Results go to the catalog. A failing view stops the
+    publish (nothing is applied) unless its policy is ``warn``. ``sample`` overrides the views'
+    ``validate.sample``. Returns the views with problems and what they are."""
+    p, _ = load_plan(ctx, run_id)
+    states = []
+    for work in p.views:
+        if work.mode is not Mode.INCREMENTAL:  # a full recompute is its own recomputation; a noop changed nothing
+            continue
+        delta = work.layers.get(work.view)
+        old = old_layers(ctx, p, work.view)
+        states.append(ViewState(work.view, [path for path, _ in old] + ([delta.path] if delta else []),
+                                sum(rows for _, rows in old) + (delta.rows or 0 if delta else 0),
+                                delta.path if delta else None, stored_form(work.strategy),
+                                delta.rows or 0 if delta else 0))
+    if not states:
+        return {}
+    deltas = {t.table: t.layer.path for t in p.tables if t.layer}
+    read = {t for w in p.views if w.mode is Mode.INCREMENTAL for t in w.upstream}
+    tables = {t: [path for path, _ in old_layers(ctx, p, t)] + ([deltas[t]] if t in deltas else [])
+              for t in sorted(read)}
+    checks = check_views(ctx, run_id, states, tables, sample, progress)
+    for c in checks:
+        ctx.catalog.save_stage(run_id, StageRecord("validate", c.view, mode=Mode.INCREMENTAL, status="staged",
+                                                   rows_in=len(c.comparison.rows) if c.comparison else 0,
+                                                   seconds=round(c.seconds, 3),
+                                                   detail={"outcome": c.status, "problem": c.problem,
+                                                           "report": c.report_uri}))
+    failed = [c for c in checks if c.status == "failed"]
+    if failed:
+        raise ValidationError(f"view {failed[0].view}: {failed[0].problem} after run {run_id}; nothing was published")
+    return {c.view: c.problem for c in checks if c.problem}
