@@ -4,16 +4,18 @@
 FROM apache/airflow:3.3.2-python3.11
 
 USER root
-# Spark needs a JVM: Java 17, as on the CI machines
+# Spark needs a JVM: Java 17, as on the CI machines; Maven resolves Delta Lake's jars (include/ivm/jvm/pom.xml)
 RUN apt-get update \
- && apt-get install -y --no-install-recommends openjdk-17-jre-headless procps \
+ && apt-get install -y --no-install-recommends openjdk-17-jre-headless procps maven \
  && rm -rf /var/lib/apt/lists/*
 ENV JAVA_HOME=/usr/lib/jvm/java-17-openjdk-amd64
 
 USER airflow
 COPY --chown=airflow:root requirements.txt pyproject.toml README.md /opt/ivm/
 COPY --chown=airflow:root include /opt/ivm/include
-# the same pins as `make venv`; pyspark last (the Spark provider's pyspark-client overlaps its files)
+# the same pins as `make venv` (pyspark and the Spark provider's pyspark-client at one release), and the
+# same Delta jars, into include/ivm/jvm/jars/ where ivm.spark finds them
 RUN pip install --no-cache-dir -r /opt/ivm/requirements.txt \
- && pip install --no-cache-dir --no-deps --force-reinstall "$(grep -E '^pyspark==' /opt/ivm/requirements.txt)" \
- && pip install --no-cache-dir --no-deps -e /opt/ivm
+ && pip install --no-cache-dir --no-deps -e /opt/ivm \
+ && mvn -q -B -f /opt/ivm/include/ivm/jvm/pom.xml dependency:copy-dependencies -DincludeScope=runtime \
+        -DoutputDirectory=/opt/ivm/include/ivm/jvm/jars

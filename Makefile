@@ -2,12 +2,12 @@
 PYTHON ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
-PYSPARK := $(shell grep -E '^pyspark==' requirements.txt)
 LOCAL_FS_JAR := include/ivm/jvm/ivm-hadoop.jar
+JARS := include/ivm/jvm/jars/.resolved
 
 .PHONY: venv demo test test-fast lint bench clean
 
-venv: $(VENV)/.installed $(LOCAL_FS_JAR)
+venv: $(VENV)/.installed $(LOCAL_FS_JAR) $(JARS)
 
 # uv installs the pinned stack (~0.5 minutes on a fresh machine, pip ~2); pip stays in the venv
 UV := $(BIN)/uv pip install --quiet --python $(BIN)/python
@@ -15,10 +15,16 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet uv==0.13.9
 	$(UV) -r requirements.txt
-	# the Spark provider pulls pyspark-client, whose files overwrite pyspark's: put pyspark's back
-	$(UV) --no-deps --reinstall $(PYSPARK)
 	$(UV) --no-deps -e .
 	touch $@
+
+# Delta Lake's jars (include/ivm/jvm/pom.xml) with the machine's Maven client, from the registry it is set
+# up for; ivm's Spark sessions and spark-submits load them (ivm.spark.delta_jars). A user on a machine
+# without Maven sets `spark.jars.packages` instead (README, "Delta Lake").
+$(JARS): include/ivm/jvm/pom.xml
+	@command -v mvn >/dev/null || { echo "mvn not found: install Maven to fetch Delta Lake's jars" >&2; exit 1; }
+	rm -rf $(dir $@) && mvn -q -B -f $< dependency:copy-dependencies -DincludeScope=runtime \
+	  -DoutputDirectory=$(abspath $(dir $@)) && touch $@ && echo "resolved $$(ls $(dir $@) | wc -l) jars into $(dir $@)"
 
 # Hadoop's local file system without a chmod process per file and directory Spark writes (ivm.spark:
 # include/ivm/jvm/NioLocalFileSystem.java), compiled against the venv's pyspark. Without javac (a JRE

@@ -86,6 +86,9 @@ def write_project(root: Path, tables: dict, **settings) -> Path:
             **({} if "validate" in spec else {"validate": {"sample": 0}}),
             **({} if "crossover" in spec else {"crossover": {"enabled": False}}), **spec}
             for name, spec in settings["views"].items()}
+    # Views are published as Delta tables (ivm.sinks) only where a test asks for it: a Delta commit per
+    # view and refresh would double the suite's time; tests/spark/test_delta.py runs them.
+    settings["storage"] = {"delta_views": False, **settings.get("storage", {})}
     doc = {"warehouse": "./warehouse", "tables": tables, **settings}
     path = root / "ivm.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))

@@ -61,6 +61,16 @@ def cmd_refresh(args) -> int:
     return 0
 
 
+def cmd_snapshot(args) -> int:
+    from ivm import sinks
+
+    project = _open(args)
+    rows = [[s.view, s.location, "" if s.delta_version is None else s.delta_version,
+             s.sql() if s.delta_version is not None else s.note] for s in sinks.snapshot(project.ctx)]
+    _out(tabulate(rows, headers=["view", "Delta table", "version", "read with"], tablefmt="simple"))
+    return 0
+
+
 def cmd_backfill(args) -> int:
     project = _open(args)
     result = project.backfill(args.views, full=args.full, from_version=args.from_version, sample=args.sample,
@@ -160,7 +170,7 @@ def cmd_compact(args) -> int:
 
 def cmd_gc(args) -> int:
     project = _open(args)
-    _out(project.gc().describe())
+    _out(project.gc(progress=_out).describe())
     return 0
 
 
@@ -226,6 +236,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=["table", "csv", "json"], default="table")
     p.add_argument("--limit", type=int, help="at most N rows (default 20 for --format table, all otherwise)")
     p.set_defaults(func=cmd_show)
+
+    p = sub.add_parser("snapshot", parents=[common],
+                       help="each view's Delta table at the version that holds the catalog's current snapshot")
+    p.set_defaults(func=cmd_snapshot)
 
     p = sub.add_parser("validate", parents=[common],
                        help="check published views against a sampled recomputation (Great Expectations)")

@@ -87,6 +87,8 @@ class StorageSettings(_Model):
     target_file_mb: int = Field(default=128, ge=1)
     #: a refresh lease older than this is considered abandoned by a crashed run
     lease_timeout_minutes: float = Field(default=120.0, gt=0)
+    #: publish every view as a Delta table (its ``sink``; ivm.sinks) after each refresh that changed it
+    delta_views: bool = True
 
 
 class ExpectationSpec(_Model):
@@ -118,15 +120,32 @@ class NestedReference(_Model):
     id: str
 
 
+class SourceConfig(_Model):
+    """Where a table's rows and changes are read when they are not loaded into ivm: a Delta Lake table
+    with its change data feed on (ivm.changes.delta), named by path (``delta:``, relative to the project
+    file) or by name in the Spark catalog (``table:``)."""
+
+    delta: str | None = None
+    table: str | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> SourceConfig:
+        if (self.delta is None) == (self.table is None):
+            raise ValueError("a source names exactly one of `delta` (a path) or `table` (a catalog table)")
+        return self
+
+
 class TableConfig(_Model):
     """A base table: declared columns, an optional primary key, alternate keys and foreign keys; columns
-    that reference nested collections (``nested:``)."""
+    that reference nested collections (``nested:``); and where its changes come from (``source:``: a
+    Delta table, else ``ivm load`` and ``ivm log append``)."""
 
     columns: dict[str, str]
     key: list[str] | None = None
     unique: list[list[str]] = Field(default_factory=list)
     references: dict[str, str] = Field(default_factory=dict)
     nested: dict[str, NestedReference] = Field(default_factory=dict)
+    source: SourceConfig | None = None
 
     @field_validator("columns")
     @classmethod
@@ -242,6 +261,9 @@ class ViewConfig(_Model):
     #: CReaM (001 §4): materialize an auxiliary view for each setof subgoal and for each GROUP BY with a
     #: non-distributive aggregate over a table, so the view is refreshed from it and the deltas alone
     auxiliary_views: bool = True
+    #: where the view is published as a Delta table (a path or URI, relative to the project file; default
+    #: ``<warehouse>/delta/<view>``), when ``storage.delta_views`` is on (ivm.sinks)
+    sink: str | None = None
     #: the file the definition came from, if any (set by the loader)
     source: str | None = None
 
@@ -358,6 +380,11 @@ class ProjectConfig(_Model):
             if rel and rel != ":memory:":
                 return f"sqlite:///{(Path(self.root) / rel).resolve()}"
         return url
+
+
+def resolve_location(location: str, root: Path | str) -> str:
+    """A folder or URI of the project file, absolute: a URI as it is, a path against ``root``."""
+    return _resolve_location(location, Path(root))
 
 
 def _resolve_location(location: str, root: Path) -> str:

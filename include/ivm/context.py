@@ -9,11 +9,12 @@ from collections.abc import Callable
 from datetime import timedelta
 from functools import cached_property
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from ivm.aggregates import register as register_aggregates
 from ivm.catalog import Catalog
+from ivm.changes import delta
 from ivm.changes.reader import table_schema
 from ivm.config import COUNT_COLUMN, ProjectConfig
 from ivm.errors import ConfigError, NotFoundError
@@ -21,10 +22,11 @@ from ivm.ir import Program
 from ivm.lang import compile_project
 from ivm.maintain import counting, strategy
 from ivm.maintain.groupby import GroupByState
-from ivm.maintain.recompute import Evaluator
+from ivm.maintain.recompute import Evaluator, as_used
 from ivm.spark import session
 from ivm.storage import Warehouse
 from ivm.stratify import Strata, stratify
+from ivm.zset import expand
 
 
 class RunContext:
@@ -38,6 +40,7 @@ class RunContext:
         self.warehouse = Warehouse(config.warehouse_uri)
         self.warehouse.ensure()
         self._start_spark = start_spark
+        self._locations: dict[str, str] = {}
 
     @cached_property
     def spark(self) -> SparkSession:
@@ -144,6 +147,27 @@ class RunContext:
         if pred is not None and pred.cluster:  # an owner index: by the collection id (002 §4.2)
             return list(pred.cluster)
         return [f.name for f in self.schema(relation).fields]
+
+    def source_location(self, table: str) -> str | None:
+        """Where table ``table``'s Delta source lives (ivm.changes.delta); None for a table loaded into ivm.
+        A source named by catalog table is looked up in the Spark catalog (once)."""
+        cfg = self.config.tables[table]
+        if cfg.source is None:
+            return None
+        if table not in self._locations:
+            self._locations[table] = delta.location(self.config, table,
+                                                    self.spark if cfg.source.table is not None else None)
+        return self._locations[table]
+
+    def read_state(self, name: str) -> DataFrame:
+        """The relation's current (published) version as SQL returns it: bag rows repeated, set rows once,
+        no ``__count``."""
+        state = self.catalog.state(name)
+        zset = self.warehouse.read_consolidated(self.spark, state.layers, self.schema(name),
+                                                self.cluster_columns(name))
+        if name in self.config.views:
+            zset = as_used(self.program[0].predicates[name], zset)
+        return expand(zset)
 
     def all_relations(self) -> list[str]:
         """Every table and every relation the views store."""

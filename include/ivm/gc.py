@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from ivm.catalog.models import utcnow
 from ivm.catalog.store import aware
+from ivm.changes import delta
 
 if TYPE_CHECKING:
     from ivm.context import RunContext
@@ -39,7 +40,8 @@ def collect(ctx: RunContext, now: datetime | None = None) -> GcResult:
     versions = catalog.expired_versions(cutoff)
     layers = catalog.drop_versions(versions)
     for layer in layers:
-        warehouse.delete(layer.path)
+        if layer.kind != delta.SOURCE:  # (a Delta source's version is the user's table: never deleted)
+            warehouse.delete(layer.path)
     known = catalog.known_layer_paths()
     orphans = 0
     for rel_dir, _ in warehouse.list_dirs("data"):

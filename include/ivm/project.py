@@ -8,22 +8,20 @@ from collections.abc import Callable, Iterable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
-from ivm import compaction, explain, gc
+from ivm import compaction, explain, gc, sinks
 from ivm.catalog import Catalog
 from ivm.catalog.models import Run
-from ivm.changes import ingest
+from ivm.changes import delta, ingest
 from ivm.config import ProjectConfig, TableConfig, load_project
 from ivm.context import RunContext
 from ivm.errors import ConfigError, NotFoundError
 from ivm.ir import Program
 from ivm.maintain import strategy
-from ivm.maintain.recompute import as_used
 from ivm.modes import Mode
 from ivm.refresh import RefreshResult, refresh
 from ivm.storage import Warehouse, new_id
 from ivm.stratify import Strata
 from ivm.validate import ViewCheck, ViewState, check_views
-from ivm.zset import expand
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +134,9 @@ class Project:
                 if not why.applicable:
                     raise ConfigError(f"views.{view}: strategy {cfg.strategy} does not apply: {why.why}")
         self._check_validation()
+        for name, table in self.config.tables.items():  # Delta sources: change data feed on, columns there
+            if table.source is not None:
+                delta.check_source(self.spark, name, table, self.ctx.source_location(name))
         applied = self.catalog.table_defs()
         for name, table in self.config.tables.items():
             old = applied.get(name)
@@ -158,9 +159,17 @@ class Project:
 
     # -- data in ----------------------------------------------------------------------------------
 
+    def _loaded_here(self, table: str) -> TableConfig:
+        """A table whose rows and changes come through ivm (not a Delta source's: those change there)."""
+        cfg = self.table(table)
+        if cfg.source is not None:
+            raise ConfigError(f"table {table} reads Delta table {self.ctx.source_location(table)}: change it there "
+                              "(UPDATE, DELETE, MERGE INTO); ivm reads its change data feed on refresh")
+        return cfg
+
     def load(self, table: str, path: str) -> tuple[int, int]:
         """`ivm load`: the table's initial snapshot. Returns (rows, version)."""
-        cfg = self.table(table)
+        cfg = self._loaded_here(table)
         run_id = new_id("load-")
         with self.catalog.run(run_id, "load", {table: 0}, [table], leases=[table],
                               lease_timeout=self.ctx.lease_timeout):
@@ -169,7 +178,7 @@ class Project:
 
     def append(self, table: str, path: str, fmt: str = "cdf") -> ingest.AppendResult:
         """`ivm log append`: validate and store a change file as the table's next log segment."""
-        cfg = self.table(table)
+        cfg = self._loaded_here(table)
         return ingest.append_log(self.spark, self.catalog, self.warehouse, table, cfg, path, fmt)
 
     # -- runs ------------------------------------------------------------------------------------
@@ -253,11 +262,22 @@ class Project:
 
     def compact(self, relations: Iterable[str] | None = None, force: bool = False,
                 progress: Progress = lambda _: None) -> list[compaction.Compaction]:
+        """`ivm compact`: the relations' layers past the threshold (all with more than one: ``force``);
+        then the views' Delta tables are OPTIMIZEd (ivm.sinks), those named or all."""
         names = list(relations) if relations is not None else self.ctx.all_relations()
-        return compaction.compact(self.ctx, names, force=force, progress=progress)
+        done = compaction.compact(self.ctx, names, force=force, progress=progress)
+        if self.config.storage.delta_views:
+            sinks.optimize(self.ctx, [v for v in names if v in self.config.views] if relations is not None else None,
+                           progress)
+        return done
 
-    def gc(self) -> gc.GcResult:
-        return gc.collect(self.ctx)
+    def gc(self, progress: Progress = lambda _: None) -> gc.GcResult:
+        """`ivm gc`: versions, layers and log segments past ``storage.retention_hours``; the views'
+        Delta tables VACUUMed with the same retention (ivm.sinks)."""
+        result = gc.collect(self.ctx)
+        if self.config.storage.delta_views:
+            sinks.vacuum(self.ctx, progress)
+        return result
 
     def runs(self, limit: int = 20) -> list[Run]:
         return self.catalog.runs(limit)
@@ -285,10 +305,8 @@ class Project:
 
     def read(self, name: str) -> DataFrame:
         """The relation as SQL returns it: bag rows repeated, set rows once, no ``__count``."""
-        zset = self.read_zset(name)
-        if name in self.config.views:
-            zset = as_used(self.program[0].predicates[name], zset)
-        return expand(zset)
+        self.read_zset(name)  # (an unknown name, a view not materialized yet: the same errors)
+        return self.ctx.read_state(name)
 
     def register_temp_views(self) -> list[str]:
         """A Spark temporary view per table and materialized view, so `SELECT * FROM hop` works."""

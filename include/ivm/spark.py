@@ -8,8 +8,10 @@ when there is one.
 
 from __future__ import annotations
 
+import glob
 import logging
 import os
+import re
 import sys
 import time
 import uuid
@@ -54,6 +56,44 @@ DEFAULT_CONF = {
 }
 
 
+#: Delta Lake (README "Delta Lake"): its SQL extension and catalog, so `spark.read.format("delta")`,
+#: `UPDATE`/`DELETE`/`MERGE INTO` and Delta tables in the session catalog work in every ivm session and
+#: spark-submit; its log replay in as many partitions as a shuffle of small work (Delta's default, 50,
+#: makes each snapshot of a small table 50 tasks)
+DELTA_CONF = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+    "spark.databricks.delta.snapshotPartitions": "4",
+}
+#: Delta's jars, resolved by `make venv` (include/ivm/jvm/pom.xml)
+JARS_DIR = Path(__file__).with_name("jvm") / "jars"
+_VERSIONED = re.compile(r"-[0-9][0-9.]*(-[A-Za-z0-9.]+)?\.jar$")
+
+
+def delta_jars() -> list[str]:
+    """The jars of `JARS_DIR` that Spark does not ship itself: Delta's own and the few it adds (Spark's
+    versions of Hadoop, Jackson, Parquet and Scala stay the only ones on the class path)."""
+    import pyspark
+
+    shipped = {_VERSIONED.sub("", os.path.basename(p))
+               for p in glob.glob(os.path.join(os.path.dirname(pyspark.__file__), "jars", "*.jar"))}
+    return [p for p in sorted(glob.glob(str(JARS_DIR / "*.jar")))
+            if _VERSIONED.sub("", os.path.basename(p)) not in shipped]
+
+
+def with_delta(conf: dict[str, str]) -> dict[str, str]:
+    """``conf`` with `DELTA_CONF` and Delta's jars (`delta_jars`, added to any ``spark.jars``), unless it
+    names its own: ``spark.jars.packages`` (Spark fetches Delta from a registry) or the settings."""
+    out = {**DELTA_CONF, **conf}
+    if "spark.jars.packages" not in conf:
+        jars = delta_jars()
+        if not jars:
+            log.warning("no Delta Lake jars in %s (run `make venv`, or set spark.jars.packages): Delta tables "
+                        "cannot be read or written", JARS_DIR)
+        out["spark.jars"] = ",".join(filter(None, [conf.get("spark.jars"), *jars]))
+    return out
+
+
 #: Hadoop's local file system with permissions set in-process (include/ivm/jvm/NioLocalFileSystem.java,
 #: built by `make venv` when javac is there). Without Hadoop's native library, which pip's pyspark does
 #: not ship, Hadoop's own starts a ``chmod`` process for each directory and file a write creates: about
@@ -88,7 +128,7 @@ def session(settings: SparkSettings | None = None, app_name: str = "ivm"):
     if settings.master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder.appName(app_name).master(settings.master)
-    for k, v in local_file_system(settings.master, {**DEFAULT_CONF, **settings.conf}).items():
+    for k, v in local_file_system(settings.master, with_delta({**DEFAULT_CONF, **settings.conf})).items():
         builder = builder.config(k, v)
     log.info("starting Spark (%s)", settings.master)
     spark = builder.getOrCreate()

@@ -29,8 +29,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StructField, StructType
 
+from ivm.changes import delta
 from ivm.config import COUNT_COLUMN
-from ivm.zset import BROADCAST_BYTES, consolidate, consolidate_onto
+from ivm.zset import BROADCAST_BYTES, consolidate, consolidate_onto, union_all
 
 log = logging.getLogger(__name__)
 
@@ -200,7 +201,12 @@ class Warehouse:
                 self._reads.move_to_end(key)
                 return df
         zschema = with_count(schema)
-        df = spark.read.schema(zschema).parquet(*paths) if paths else spark.createDataFrame([], zschema)
+        # a Delta source's version (ivm.changes.delta) is read by time travel; Parquet layers in one scan
+        sources = [p for p in paths if delta.parse_layer_path(p) is not None]
+        files = [p for p in paths if p not in sources]
+        parts = ([spark.read.schema(zschema).parquet(*files)] if files else []) + [
+            delta.read_version(spark, p, schema) for p in sources]
+        df = union_all(parts) if parts else spark.createDataFrame([], zschema)
         with self._reads_lock:
             self._reads[key] = df
             while len(self._reads) > self.READS_KEPT:

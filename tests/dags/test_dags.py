@@ -1,8 +1,8 @@
 """The DAGs (DESIGN.md §9): every DAG file imports with no error, and the DAGs have the documented
 structure — one refresh DAG per schedule group (max_active_runs 1) and the backfill DAG with its
-params; plan → trim → (views_stratum_k → mapped maintain_stratum_k)… → validate → publish → compact →
-report, each stage a spark-submit of jobs/ivm_stage.py with the run id; publish marks the views as
-assets. Parsing needs no Spark and no database."""
+params; plan → trim → (views_stratum_k → mapped maintain_stratum_k)… → validate → publish → sink →
+compact → report (ivm.refresh.stages.STAGES), each stage a spark-submit of jobs/ivm_stage.py with the
+run id; publish marks the views as assets. Parsing needs no Spark and no database."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def test_refresh_dags_per_schedule_group(dagbag):
     # per_k is stratum 2 (its GROUP BY input is stratum 1), busy reads it
     assert [t.task_id for t in hourly.topological_sort()] == [
         "plan", "trim", "views_stratum_2", "maintain_stratum_2", "views_stratum_3", "maintain_stratum_3",
-        "validate", "publish", "compact", "report"]
+        "validate", "publish", "sink", "compact", "report"]
     assert upstream(hourly, "trim") == {"plan"} and upstream(hourly, "views_stratum_2") == {"trim"}
     assert upstream(hourly, "maintain_stratum_3") == {"views_stratum_3"}
     assert upstream(hourly, "validate") == {"maintain_stratum_3"} and upstream(hourly, "report") == {"compact"}

@@ -321,13 +321,14 @@ class Catalog:
     def run(self, run_id: str, kind: str | None = None, snapshot: dict[str, int] | None = None,
             relations: Iterable[str] = (), mode: str | None = None, leases: Iterable[str] = (),
             lease_timeout: timedelta | None = None, keep_leases: bool = False,
-            failure: str = "") -> Iterator[str]:
+            failure: str = "", catch: type[BaseException] = BaseException) -> Iterator[str]:
         """A run's start and fail bookkeeping, in one place: start the run (``kind`` None: an earlier
         stage of it started it, as an Airflow task's stage), take the leases on ``leases`` (all or none),
         and if the body raises, record the run failed with the error's first line (after ``failure``, e.g.
         the stage's name) and raise it again. ``keep_leases``: a failed stage of a run that may be
-        retried keeps its leases until they expire or a retry publishes. Success is the body's to record
-        (a publish, or `finish_run`)."""
+        retried keeps its leases until they expire or a retry publishes. ``catch``: what counts as the run
+        failing (an Airflow task killed midway, KeyboardInterrupt, leaves its run running for the retry).
+        Success is the body's to record (a publish, or `finish_run`)."""
         if kind is not None:
             self.start_run(run_id, kind, snapshot, relations, mode)
         try:
@@ -335,7 +336,7 @@ class Catalog:
             if leases:
                 self.acquire_leases(run_id, leases, lease_timeout or timedelta(minutes=60))
             yield run_id
-        except BaseException as e:
+        except catch as e:
             self.finish_run(run_id, "failed", failure + one_line(e), keep_leases=keep_leases)
             raise
 
@@ -375,6 +376,12 @@ class Catalog:
     def stage_records(self, run_id: str) -> list[RunStage]:
         with self.session() as s:
             return list(s.scalars(select(RunStage).where(RunStage.run_id == run_id).order_by(RunStage.id)))
+
+    def latest_stage(self, stage: str, relation: str) -> RunStage | None:
+        """The newest record of ``stage`` for ``relation`` in any run."""
+        with self.session() as s:
+            return s.scalars(select(RunStage).where(RunStage.stage == stage, RunStage.relation == relation)
+                             .order_by(RunStage.id.desc()).limit(1)).first()
 
     def runs(self, limit: int = 20, kind: str | None = None) -> list[Run]:
         with self.session() as s:

@@ -1,7 +1,8 @@
 """The DAG factory (DESIGN.md §9): from the project file, one scheduled refresh DAG per schedule group
 and one backfill DAG for manual runs, every stage a spark-submit of ``jobs/ivm_stage.py``.
 
-    ivm_refresh[_<schedule>]   plan → trim → maintain_stratum_1 … n → validate → publish → compact → report
+    ivm_refresh[_<schedule>]   plan → trim → maintain_stratum_1 … n → validate → publish → sink → compact
+                               → report (a task per stage of ivm.refresh.stages.STAGES)
     ivm_backfill               the same, triggered by hand with params: views, full, from_version, sample
 
 The validate task links to the run's data-quality page (ivm.orchestration.links, plugins/).
@@ -28,7 +29,7 @@ from pathlib import Path
 
 from ivm.config import PROJECT_ENV, ProjectConfig, load_project
 from ivm.orchestration.stages import run_id_for
-from ivm.spark import DEFAULT_CONF
+from ivm.spark import DEFAULT_CONF, with_delta
 
 #: where the demo project lives, for a deployment that does not set IVM_PROJECT
 DEMO_PROJECT = Path(__file__).resolve().parents[2] / "views" / "demo" / "ivm.yaml"
@@ -105,8 +106,11 @@ def _dag(dag_id, schedule, job, path, conn_id, project_name, views, strata, conf
     env = {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable, PROJECT_ENV: path}
     # ivm's Spark defaults (quiet logs, no UI, few shuffle partitions) and the project's `spark.conf`;
     # the master is the connection's
-    conf = {**DEFAULT_CONF, **config.spark.conf}
-    common = {"application": job, "conn_id": conn_id, "env_vars": env, "conf": conf, "retries": 2}
+    conf = with_delta({**DEFAULT_CONF, **config.spark.conf})
+    # Delta's jars go to the driver and the executors (spark-submit --jars)
+    jars = conf.pop("spark.jars", "")
+    common = {"application": job, "conn_id": conn_id, "env_vars": env, "conf": conf, "retries": 2,
+              **({"jars": jars} if jars else {})}
 
     def submit(stage: str, *extra: str, operator=SparkSubmitOperator, **kwargs):
         return operator(task_id=stage, name=f"ivm-{stage}",

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pyspark.sql import DataFrame
 
 from ivm.catalog.store import LayerRef
+from ivm.changes import delta
 from ivm.context import RunContext
 from ivm.errors import NotFoundError, RunError
 from ivm.maintain.count_free import CountFree
@@ -49,6 +50,10 @@ class Maintenance:
             self.states.old_rows[name] = None if None in rows else sum(rows)
         self.counting = Counting(program, strata, self.states, ctx.groupby_states, ctx.schema,
                                  ctx.max_iterations)
+        for t in p.tables:  # a Delta source's new state: the table as of the planned version (time travel)
+            where = ctx.source_location(t.table)
+            if where is not None:
+                self.states.replaced[t.table] = delta.layer_path(where, delta.delta_version(t.to_version))
         for t in p.tables:  # (all noted before any is read: together they decide `small`)
             if t.layer:
                 self.states.note(t.table, t.layer.path, t.layer.bytes or 0, t.layer.rows or 0)

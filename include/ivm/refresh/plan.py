@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ivm.catalog.store import LayerRef, aware
+from ivm.changes import delta
 from ivm.context import RunContext
 from ivm.errors import ConfigError, NotFoundError, RunError
 from ivm.lang import compile_project
@@ -115,7 +116,7 @@ def plan(ctx: RunContext, views: list[str] | None = None, mode: str = Mode.AUTO,
         return plan_replay(ctx, views or [], from_version, run_id)
     mode = Mode.parse(mode)
     catalog = ctx.catalog
-    snapshot = {name: catalog.last_commit_version(name) for name in ctx.config.tables}
+    snapshot = {name: _newest(ctx, name) for name in ctx.config.tables}
     watermarks = catalog.watermarks()
     p = Plan(run_id or new_id("refresh-"), snapshot, mode=mode)
     # a refresh of some views trims only the tables they read: the other tables' readers keep their
@@ -124,10 +125,21 @@ def plan(ctx: RunContext, views: list[str] | None = None, mode: str = Mode.AUTO,
     for name, newest in snapshot.items():
         wm = watermarks.get((name, name), 0)
         if newest > wm and name in read:
-            rows = sum(s.rows for s in catalog.segments(name, wm, newest))
+            where = ctx.source_location(name)
+            rows = sum(s.rows for s in catalog.segments(name, wm, newest)) if where is None else (
+                delta.change_rows(where, name, delta.delta_version(wm), delta.delta_version(newest)) if wm
+                else delta.rows_at(where, name, delta.delta_version(newest)))
             p.tables.append(TableDelta(name, wm, newest, rows))
     p.views = _plan_views(ctx, p, views, mode, watermarks)
     return p
+
+
+def _newest(ctx: RunContext, table: str) -> int:
+    """The table's newest commit version: of its log, or its Delta source's (as ivm counts it)."""
+    where = ctx.source_location(table)
+    if where is None:
+        return ctx.catalog.last_commit_version(table)
+    return delta.ivm_version(delta.current_version(where, table))
 
 
 def _closure(ctx: RunContext, wanted: list[str]) -> list[str]:

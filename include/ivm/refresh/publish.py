@@ -1,19 +1,21 @@
-"""Stages 5 and 6, publish (the commit point: one catalog transaction) and compact; and the report of a
-run as its record tells it."""
+"""Stages 5 to 7: publish (the commit point: one catalog transaction), sink (the views' Delta tables,
+ivm.sinks) and compact; and the report of a run as its record tells it."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
 
-from ivm import compaction
+from ivm import compaction, sinks
 from ivm.catalog.store import PublishChange, aware
+from ivm.changes import delta
 from ivm.context import RunContext
 from ivm.errors import RunError, ValidationError
 from ivm.maintain.strategy import stored_form
 from ivm.modes import Mode
 from ivm.refresh.plan import load_plan
 from ivm.refresh.record import RefreshResult
+from ivm.sinks import SinkWrite
 
 Progress = Callable[[str], None]
 
@@ -39,7 +41,14 @@ def publish_stage(ctx: RunContext, run_id: str, progress: Progress = lambda _: N
                    for v in p.views for r in ctx.stored_relations(v.view) if v.mode is not Mode.FULL or r in v.layers]
         watermarks = {}
     else:
-        changes = [PublishChange(t.table, versions[t.table], [t.layer]) for t in p.tables if t.layer]
+        changes = [PublishChange(t.table, versions[t.table], [t.layer]) for t in p.tables
+                   if t.layer and ctx.source_location(t.table) is None]
+        for t in p.tables:  # a Delta source's state: the table as of the planned version, read where it is
+            if (where := ctx.source_location(t.table)) is not None:
+                version = delta.delta_version(t.to_version)
+                changes.append(PublishChange(t.table, versions[t.table], [
+                    delta.source_layer(t.table, where, version, delta.rows_at(where, t.table, version))],
+                    replace=True))
         for v in p.views:
             changes += [PublishChange(r, versions.get(r), [layer], replace=v.mode is Mode.FULL, create=True,
                                       form=stored_form(v.strategy) if v.mode is Mode.FULL and r == v.view else None)
@@ -59,7 +68,23 @@ def publish_stage(ctx: RunContext, run_id: str, progress: Progress = lambda _: N
     seconds = time.perf_counter() - started
     progress(f"publish: {len(changes)} new versions and {len(watermarks)} watermarks at one snapshot ({seconds:.2f} s)")
     ctx.warehouse.delete(ctx.warehouse.path("staging", run_id))  # set changes, fixpoint rounds
+    for t in p.tables:  # a Delta source's net delta served this run only: the source holds its state
+        if t.layer and ctx.source_location(t.table) is not None:
+            ctx.warehouse.delete(t.layer.path)
     return RefreshResult(run_id, status, p.snapshot, p.tables, seconds, p.views)
+
+
+def sink_stage(ctx: RunContext, run_id: str, progress: Progress = lambda _: None) -> list[SinkWrite]:
+    """After the commit point: every view the run refreshed, written to its Delta table (ivm.sinks) in
+    one Delta commit each; nothing when ``storage.delta_views`` is off. Retried, it writes nothing twice."""
+    if not ctx.config.storage.delta_views:
+        return []
+    run = ctx.catalog.get_run(run_id)
+    if run is None or run.status not in ("succeeded", "noop"):
+        raise RunError(f"run {run_id} has not been published yet; its views' Delta tables wait for its publish")
+    p, versions = load_plan(ctx, run_id)
+    return sinks.write_views(ctx, run_id, [(v.view, versions.get(v.view), v.layers[v.view].path if v.view in v.layers
+                                    else None, v.mode is Mode.FULL) for v in p.views], progress)
 
 
 def compact_stage(ctx: RunContext, run_id: str, progress: Progress = lambda _: None) -> list[str]:

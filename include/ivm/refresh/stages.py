@@ -22,7 +22,7 @@ from ivm.errors import ConfigError
 from ivm.modes import Mode
 from ivm.refresh.maintenance import maintain_stage
 from ivm.refresh.plan import begin, plan
-from ivm.refresh.publish import compact_stage, publish_stage, report
+from ivm.refresh.publish import compact_stage, publish_stage, report, sink_stage
 from ivm.refresh.record import RefreshResult
 from ivm.refresh.trim import trim_stage
 from ivm.refresh.validation import validate_stage
@@ -83,6 +83,8 @@ STAGES: tuple[Stage, ...] = (
           per_view=True),
     Stage("validate", lambda ctx, a, say: validate_stage(ctx, a.run_id, say, a.sample), spark=True),
     Stage("publish", lambda ctx, a, say: publish_stage(ctx, a.run_id, say), spark=False, commit=True),
+    # (Spark starts only when a view is written: `storage.delta_views` off, the stage does nothing)
+    Stage("sink", lambda ctx, a, say: sink_stage(ctx, a.run_id, say), spark=False),
     Stage("compact", lambda ctx, a, say: compact_stage(ctx, a.run_id, say), spark=False),
     Stage("report", _report, spark=False, in_process=False),
 )
@@ -104,7 +106,8 @@ def run_stage(ctx: RunContext, name: str, args: StageArgs) -> object:
     started = time.perf_counter()
     log.info("ivm %s: run %s%s", name, args.run_id, f", views {', '.join(args.views)}" if args.views else "")
     try:
-        with ctx.catalog.run(args.run_id, keep_leases=True, failure=f"{name}: "):
+        # (a task killed midway, KeyboardInterrupt or SIGTERM, leaves the run running for its retry)
+        with ctx.catalog.run(args.run_id, keep_leases=True, failure=f"{name}: ", catch=Exception):
             if s.spark:
                 _ = ctx.spark
             return s.run(ctx, args, log.info)

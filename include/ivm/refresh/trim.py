@@ -10,10 +10,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 from pyspark.util import inheritable_thread_target
 
+from ivm.changes import delta
 from ivm.changes.ingest import has_update_images, read_log
 from ivm.changes.trim import log_bounds, trim
 from ivm.context import RunContext
 from ivm.errors import ChangeDataError
+from ivm.modes import Mode
 from ivm.refresh.plan import load_plan
 from ivm.refresh.record import Plan, TableDelta
 from ivm.spark import adaptive
@@ -89,6 +91,49 @@ def trim_table(ctx: RunContext, run_id: str, item: TableDelta) -> Callable[[], T
     return run
 
 
+def trim_source(ctx: RunContext, run_id: str, p: Plan, item: TableDelta) -> Callable[[], TableDelta]:
+    """Stage 2 for a Delta source (ivm.changes.delta): the change data feed of the planned versions,
+    checked against the table as of the watermark and trimmed into its net delta (002 §3), as for a log
+    appended to ivm. Not read at all when no view of the run maintains the table incrementally: those
+    views are recomputed from the table as of the planned version."""
+    started = time.perf_counter()
+    name, table = item.table, ctx.config.tables[item.table]
+    where = ctx.source_location(name)
+    incremental = any(w.mode is Mode.INCREMENTAL and name in w.upstream for w in p.views)
+    before = ctx.catalog.state(name).layers
+    schema, spark = ctx.schema(name), ctx.spark
+    after, upto = delta.delta_version(item.from_version), delta.delta_version(item.to_version)
+
+    def run() -> TableDelta:
+        delta.check_columns(spark, name, table, where, upto)  # (a source whose schema changed under ivm)
+        if incremental:
+            changes = delta.changes(spark, name, table, where, after, upto)
+            current = ctx.warehouse.read_layers(spark, [x.path for x in before], schema)
+            net = trim(name, table, changes, current, sum(x.rows or 0 for x in before),
+                       small=small_change(item.log_rows, ctx.config.spark.single_partition_rows))
+            try:
+                layer = ctx.warehouse.write_layer(net.delta, name, "delta", run_id=run_id)
+            except Exception as e:  # noqa: BLE001 - the feed's files gone (VACUUM) surface as Spark errors
+                if not any(m in str(e) for m in ("FileNotFound", "FILE_NOT_FOUND", "VersionNotFound")):
+                    raise
+                raise ChangeDataError(f"table {name}: the change data feed of Delta versions {after + 1}..{upto} "
+                                      f"of {where} is gone (VACUUM); use `ivm backfill --full` for the views "
+                                      "that read it") from e
+            try:
+                net.check()
+            except ChangeDataError:
+                ctx.warehouse.delete(layer.path)
+                raise
+            if layer.rows == 0:
+                ctx.warehouse.delete(layer.path)
+                layer = None
+            item.layer, item.delta_rows, item.updated_keys = layer, layer.rows if layer else 0, net.updated_keys()
+        item.seconds = time.perf_counter() - started
+        return item
+
+    return run
+
+
 def trim_stage(ctx: RunContext, run_id: str, progress: Progress = lambda _: None) -> list[TableDelta]:
     """Stage 2: every planned table's net delta, staged as its delta layer (written under a name fixed by
     the run and table, so a retried stage overwrites its own output).
@@ -104,16 +149,21 @@ def trim_stage(ctx: RunContext, run_id: str, progress: Progress = lambda _: None
         # without adaptive execution when every log range is a small change's (ivm.spark.adaptive; one
         # setting of the session for the trims running side by side)
         with adaptive(ctx.spark, not all(small_change(t.log_rows, limit) for t in p.tables)):
-            if len(p.tables) == 1:  # nothing to overlap with
-                done = [trim_table(ctx, run_id, p.tables[0])()]
+            trims = [trim_source(ctx, run_id, p, item) if ctx.source_location(item.table) is not None
+                     else trim_table(ctx, run_id, item) for item in p.tables]
+            if len(trims) == 1:  # nothing to overlap with
+                done = [trims[0]()]
             else:
-                runs = [inheritable_thread_target(ctx.spark)(trim_table(ctx, run_id, item)) for item in p.tables]
+                runs = [inheritable_thread_target(ctx.spark)(t) for t in trims]
                 with ThreadPoolExecutor(max_workers=TRIM_THREADS, thread_name_prefix="ivm-trim") as pool:
                     futures = [pool.submit(run) for run in runs]
                 done = [f.result() for f in futures]  # (leaving the pool waited for every trim)
     for item in done:
         ctx.catalog.save_stage(run_id, item.trim_record())
-        progress(f"trim: {item.table}: commit versions {item.from_version + 1}..{item.to_version}, "
-                 f"{item.log_rows} {'rows of published deltas' if p.replay else 'changes'} -> net delta of "
+        where = ctx.source_location(item.table)
+        versions = f"commit versions {item.from_version + 1}..{item.to_version}" if where is None else (
+            f"Delta versions {item.from_version}..{delta.delta_version(item.to_version)} of {where}")
+        progress(f"trim: {item.table}: {versions}, {item.log_rows} "
+                 f"{'rows of published deltas' if p.replay else 'changes'} -> net delta of "
                  f"{item.delta_rows} rows ({item.seconds:.2f} s)")
     return p.tables

@@ -111,6 +111,8 @@ def main() -> int:
     say("\n== ivm backfill reach --from-version 2: replay reach from its state before commit version 2")
     result = project.backfill(["reach"], from_version=2, progress=lambda line: say(f"   {line}"))
 
+    lakehouse(project.spark)
+
     say("\n== ivm runs")
     rows = [[r.id, r.kind, r.status, ", ".join(f"{s.relation}:{s.delta_rows}" for s in r.stages
                                                if s.delta_rows is not None), r.error or ""]
@@ -119,6 +121,47 @@ def main() -> int:
     say(f"\ndemo finished in {time.perf_counter() - started:.1f} s")
     project.close()
     return 0
+
+
+def lakehouse(spark) -> None:
+    """A table read from a Delta table's change data feed, changed by Spark SQL as a user's pipeline would
+    (UPDATE, DELETE, MERGE INTO), and views published as Delta tables, read back with plain Spark SQL and
+    with delta-rs (no JVM)."""
+    from deltalake import DeltaTable
+
+    from ivm import sinks
+
+    say("\n== Delta Lake: a table read where it lives (its change data feed), views published as Delta tables")
+    fares = HERE / "warehouse" / "lakehouse" / "fares"
+    (spark.read.csv(str(DATA / "fares.csv"), header=True,
+                    schema="flight_id INT, cabin STRING, fare DECIMAL(8,2), valid_from DATE")
+     .write.format("delta").option("delta.enableChangeDataFeed", "true").save(str(fares)))
+    say(f"   a user's Delta table {fares}, change data feed on")
+    lake = Project.open(str(HERE / "lake" / "ivm.yaml"))
+    lake.apply()
+    lake.refresh(progress=lambda line: say(f"   {line}"))
+    table = f"delta.`{fares}`"
+    for sql in [f"UPDATE {table} SET fare = fare * 1.10 WHERE cabin = 'business'",
+                f"DELETE FROM {table} WHERE flight_id = 4",
+                f"MERGE INTO {table} t USING (SELECT 5 AS flight_id, 'business' AS cabin, "
+                "CAST(520.00 AS DECIMAL(8,2)) AS fare, DATE'2026-11-03' AS valid_from) s "
+                "ON t.flight_id = s.flight_id AND t.cabin = s.cabin WHEN MATCHED THEN UPDATE SET * "
+                "WHEN NOT MATCHED THEN INSERT *"]:
+        say(f"   the user's pipeline: {sql}")
+        spark.sql(sql)
+    say("   ivm refresh: the change data feed of the new versions, trimmed and maintained")
+    lake.refresh(progress=lambda line: say(f"   {line}"))
+    sink = sinks.location(lake.ctx, "premium_fares")
+    say(f"\n   premium_fares read back by plain Spark SQL: SELECT * FROM delta.`{sink}`")
+    df = spark.sql(f"SELECT * FROM delta.`{sink}` ORDER BY flight_id, cabin")
+    say(tabulate([tuple(r) for r in df.collect()], headers=df.columns, tablefmt="psql"))
+    say("\n   fare_range read back by delta-rs (no JVM):")
+    frame = DeltaTable(sinks.location(lake.ctx, "fare_range")).to_pandas().sort_values("cabin")
+    say(tabulate(frame.values.tolist(), headers=list(frame.columns), tablefmt="psql"))
+    say("\n   ivm snapshot: each view's Delta version holding the catalog's snapshot")
+    for s in sinks.snapshot(lake.ctx):
+        say(f"   {s.view}: {s.sql() if s.delta_version is not None else s.note}")
+    lake.close()
 
 
 if __name__ == "__main__":

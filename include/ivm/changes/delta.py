@@ -1,0 +1,214 @@
+"""Delta Lake tables as sources: a table of the project file with ``source: {delta: PATH}`` (or
+``{table: NAME}``, a Delta table in the Spark catalog) is read where it is, never copied into the
+warehouse. Its changes are the table's change data feed; its state at a version is the table read by
+time travel (``versionAsOf``).
+
+**Versions.** ivm counts a table's commit versions from 1, 0 meaning that nothing of it was consumed
+(the watermark of a view that holds none of it); Delta counts a table's versions from 0. So a Delta
+source's ivm commit version N is its Delta version N − 1: a watermark N says "holds the table as of
+Delta version N − 1". Messages to users name Delta versions.
+
+**A refresh** of a Delta source (ivm.refresh.trim) reads the change data feed from the Delta version
+after the one its watermark holds to the version current when the run planned (`changes`: Delta's
+``_change_type`` and ``_commit_version`` are ivm's log columns), trims it into the net delta per key
+against the table as of the watermark (002 §3, ivm.changes.trim: the same checks as a log appended to
+ivm), and the run reads the table's new state as of the planned version. When no view of the run
+maintains the table incrementally (a first materialization, ``--mode full``, ``ivm backfill --full``)
+the change data feed is not read at all: the views are recomputed from the table as of the planned
+version, so a feed whose versions were vacuumed away does not stand in their way.
+
+**The stored state** of a Delta source in the catalog is one layer of kind ``source`` whose path names
+the Delta location and version (`layer_path`); ivm.storage reads such a layer by time travel (each row
+with count 1) wherever it reads layers, and neither compaction nor garbage collection touches it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
+
+from ivm.changes.reader import SEQ, table_schema
+from ivm.config import CHANGE_TYPE, COMMIT_VERSION, COUNT_COLUMN, ProjectConfig, TableConfig, resolve_location
+from ivm.errors import ChangeDataError, ConfigError
+
+log = logging.getLogger(__name__)
+
+#: the kind of a layer that is a Delta source's version (ivm.storage reads it by time travel)
+SOURCE = "source"
+PREFIX = "delta-version:"
+
+
+def is_delta(table: TableConfig) -> bool:
+    return table.source is not None
+
+
+def location(config: ProjectConfig, name: str, spark: SparkSession | None = None) -> str:
+    """Where the Delta source of table ``name`` lives: its path (relative to the project file), or the
+    location the Spark catalog gives the named table (Spark needed then)."""
+    source = config.tables[name].source
+    if source.delta is not None:
+        return resolve_location(source.delta, config.root)
+    if spark is None:
+        raise ConfigError(f"tables.{name}: source table {source.table} is found through the Spark catalog")
+    try:
+        detail = spark.sql(f"DESCRIBE DETAIL {source.table}").select("location", "format").first()
+    except Exception as e:  # noqa: BLE001 - Spark's analysis errors differ by version: one line each way
+        raise ConfigError(f"tables.{name}: source table {source.table}: {_first_line(e)}") from e
+    if detail is None or (detail["format"] or "").lower() != "delta":
+        raise ConfigError(f"tables.{name}: source table {source.table} is not a Delta table")
+    return detail["location"]
+
+
+def ivm_version(delta_version: int) -> int:
+    return delta_version + 1
+
+
+def delta_version(ivm_version: int) -> int:
+    return ivm_version - 1
+
+
+def _local(uri: str) -> str:
+    """A location as delta-rs takes it (a local path for ``file:`` URIs)."""
+    return uri[len("file:"):].replace("///", "/", 1) if uri.startswith("file:") else uri
+
+
+def _table(where: str, name: str, version: int | None = None):
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        return DeltaTable(_local(where), version=version)
+    except TableNotFoundError as e:
+        raise ConfigError(f"tables.{name}: source {where} is not a Delta table") from e
+    except Exception as e:  # noqa: BLE001 - delta-rs raises several kinds for a version it cannot load
+        if version is not None:
+            raise ChangeDataError(f"table {name}: Delta version {version} of {where} can no longer be read "
+                                  f"({_first_line(e)}); use `ivm backfill --full` for the views that read it") from e
+        raise ConfigError(f"tables.{name}: source {where}: {_first_line(e)}") from e
+
+
+def current_version(where: str, name: str) -> int:
+    """The Delta table's newest version, from its log (no JVM: delta-rs)."""
+    return _table(where, name).version()
+
+
+def rows_at(where: str, name: str, version: int) -> int:
+    """Rows of the table as of ``version``, from the statistics of its files (no data read)."""
+    actions = _table(where, name, version).get_add_actions(flatten=True)
+    column = "num_records"
+    return int(sum(v or 0 for v in actions.column(column).to_pylist())) if column in actions.schema.names else 0
+
+
+#: the per-commit metrics that count the rows a commit changed (Delta's operationMetrics)
+_CHANGED = ("numOutputRows", "numDeletedRows", "numUpdatedRows", "numTargetRowsInserted", "numTargetRowsUpdated",
+            "numTargetRowsDeleted")
+
+
+def change_rows(where: str, name: str, after: int, upto: int) -> int:
+    """About how many rows the commits after Delta version ``after`` up to ``upto`` changed, from the
+    commits' metrics (an over-estimate where a commit rewrote rows it did not change): what the planner
+    weighs a change by before reading it."""
+    if upto <= after:
+        return 0
+    history = _table(where, name).history(upto - max(after, -1) + 1)
+    total = 0
+    for commit in history:
+        if after < int(commit.get("version", -1)) <= upto:
+            metrics = commit.get("operationMetrics") or {}
+            total += sum(int(metrics.get(k) or 0) for k in _CHANGED)
+    return total
+
+
+def check_source(spark: SparkSession, name: str, table: TableConfig, where: str) -> None:
+    """At ``ivm apply``: the source is a Delta table with its change data feed on, holding every declared
+    column with its declared type. Raises ConfigError naming the table and saying how to fix it."""
+    dt = _table(where, name)
+    properties = dt.metadata().configuration or {}
+    if str(properties.get("delta.enableChangeDataFeed", "false")).lower() != "true":
+        raise ConfigError(
+            f"tables.{name}: the change data feed of Delta table {where} is off; turn it on with "
+            f"`ALTER TABLE delta.`{where}` SET TBLPROPERTIES (delta.enableChangeDataFeed = true)` "
+            "(ivm reads the changes committed after that)")
+    check_columns(spark, name, table, where, dt.version())
+
+
+def check_columns(spark: SparkSession, name: str, table: TableConfig, where: str, version: int) -> None:
+    """Every declared column is in the Delta table as of ``version`` with its declared type; a dropped or
+    retyped column is named (ChangeDataError: the source changed under ivm)."""
+    schema = spark.read.format("delta").option("versionAsOf", version).load(where).schema
+    present = {f.name: f.dataType for f in schema.fields}
+    for f in table_schema(table).fields:
+        if f.name not in present:
+            raise ChangeDataError(f"table {name}: column {f.name} is not in Delta table {where} as of version "
+                                  f"{version} (dropped or renamed?); views that read it cannot be maintained")
+        if present[f.name] != f.dataType:
+            raise ChangeDataError(f"table {name}: column {f.name} is {present[f.name].simpleString()} in Delta "
+                                  f"table {where} as of version {version}, declared {f.dataType.simpleString()}")
+
+
+def layer_path(where: str, version: int) -> str:
+    """The path of the layer that stands for the Delta table as of ``version``."""
+    return f"{PREFIX}{version}:{where}"
+
+
+def parse_layer_path(path: str) -> tuple[str, int] | None:
+    """(location, Delta version) of a `layer_path`; None for any other layer."""
+    if not path.startswith(PREFIX):
+        return None
+    version, _, where = path[len(PREFIX):].partition(":")
+    return where, int(version)
+
+
+@dataclass(frozen=True)
+class SourceLayer:
+    """A Delta source's version as a layer of its relation's state (what the catalog records)."""
+
+    id: str
+    relation: str
+    path: str
+    rows: int | None
+    bytes: int | None = None
+    kind: str = SOURCE
+
+
+def source_layer(name: str, where: str, version: int, rows: int | None) -> SourceLayer:
+    return SourceLayer(f"source-{name}-v{version}", name, layer_path(where, version), rows)
+
+
+def read_version(spark: SparkSession, path: str, schema: StructType) -> DataFrame:
+    """A `layer_path`'s rows as a Z-set: the declared columns of the table as of its version, count 1."""
+    where, version = parse_layer_path(path)
+    df = spark.read.format("delta").option("versionAsOf", version).load(where)
+    return df.select(*[F.col(f"`{f.name}`").cast(f.dataType).alias(f.name) for f in schema.fields],
+                     F.lit(1).cast("long").alias(COUNT_COLUMN))
+
+
+def changes(spark: SparkSession, name: str, table: TableConfig, where: str, after: int, upto: int) -> DataFrame:
+    """The change data feed of Delta versions ``after`` + 1 .. ``upto`` as ivm's change log (the declared
+    columns, ``_change_type``, ``_commit_version`` as ivm counts it, ``_seq`` ordering each commit's
+    removals before its additions). Raises ChangeDataError when those versions' feed is gone."""
+    earliest = min((int(c["version"]) for c in _table(where, name).history()), default=0)
+    if after + 1 < earliest:
+        raise ChangeDataError(
+            f"table {name}: Delta versions {after + 1}..{upto} of {where} are needed but the table's history "
+            f"starts at version {earliest} (log retention or VACUUM); use `ivm backfill --full` for the views "
+            "that read it")
+    feed = (spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", after + 1)
+            .option("endingVersion", upto).load(where))
+    # within one commit the images that remove a row go before those that add one (a Delta commit changes
+    # a row once: a pre- and a postimage, a delete or an insert), so ivm's update-image pairing
+    # (ivm.changes.trim) sees each preimage before its postimage
+    order = F.when(F.col("_change_type").isin("update_preimage", "delete"), 0).otherwise(1)
+    return feed.select(*[F.col(f"`{c}`").cast(t).alias(c) for c, t in table.columns.items()],
+                       F.col("_change_type").alias(CHANGE_TYPE),
+                       (F.col("_commit_version") + 1).cast("long").alias(COMMIT_VERSION),
+                       (order.cast("long") * F.lit(1 << 62) + F.monotonically_increasing_id()).alias(SEQ))
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
