@@ -205,7 +205,7 @@ def _analyse_nested(program: Program, lit: Literal, outer_bound: set[str], resul
             result.references.append(ref)
 
 
-def _select_expressions(program: Program, pred: str) -> list[Rule] | str:
+def select_expressions(program: Program, pred: str) -> list[Rule] | str:
     """The select expressions of a view (003 §8): its rules, looking through the UNION and INTERSECT
     rules the SQL front end writes over the sides' predicates; or why 003 does not apply."""
     out: list[Rule] = []
@@ -223,7 +223,7 @@ def _select_expressions(program: Program, pred: str) -> list[Rule] | str:
         if any(i.negated for i in sides):
             return "EXCEPT is outside 003's view language (counting maintains it, 000 Definition 6.1)"
         for side in sides:
-            inner = _select_expressions(program, side.atom.pred)
+            inner = select_expressions(program, side.atom.pred)
             if isinstance(inner, str):
                 return inner
             out += inner
@@ -234,7 +234,7 @@ def analyse(program: Program, view: str) -> KeyAnalysis:
     """003's key-based analysis of ``view``."""
     pred = program.predicates[view]
     result = KeyAnalysis(view, True, distinct=pred.semantics == "set")
-    rules = _select_expressions(program, view)
+    rules = select_expressions(program, view)
     if isinstance(rules, str):
         return KeyAnalysis(view, False, rules)
     for rule in rules:

@@ -25,6 +25,14 @@ from tests.helpers import KV_TABLES as TABLES
 
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 
+#: a request's time limit: the first ones to a server that just started import its page's libraries
+#: (a few seconds, more on a loaded 2-core machine); the readiness probe keeps its short one
+REQUEST_TIMEOUT = 60
+
+
+def get(url: str, **kwargs) -> httpx.Response:
+    return httpx.get(url, timeout=REQUEST_TIMEOUT, **kwargs)
+
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory, spark):
@@ -98,15 +106,15 @@ def server(project, tmp_path_factory):
 def test_anonymous_requests_are_refused(server):
     base, token = server
     for path in ["/ivm/quality", "/ivm/api/views", "/ivm/quality/chart/per_k.svg", "/ivm/docs/index.html"]:
-        assert httpx.get(base + path).status_code == 401, path
-        assert httpx.get(base + path, cookies={"_token": "not-a-token"}).status_code == 403, path
-    assert httpx.get(base + "/ivm/api/views", headers={"Authorization": f"Bearer {token}"}).status_code == 200
+        assert get(base + path).status_code == 401, path
+        assert get(base + path, cookies={"_token": "not-a-token"}).status_code == 403, path
+    assert get(base + "/ivm/api/views", headers={"Authorization": f"Bearer {token}"}).status_code == 200
 
 
 def test_the_page_shows_runs_and_the_failed_validation(server, project):
     base, token = server
     p, _ = project
-    views = httpx.get(base + "/ivm/api/views", cookies={"_token": token}).json()
+    views = get(base + "/ivm/api/views", cookies={"_token": token}).json()
     assert set(views) == {"per_k", "joined"}
     runs = {r["run_id"]: r for r in views["per_k"]}
     assert runs["bad-run"]["validation"]["status"] == "failed" and runs["bad-run"]["validation"]["mismatches"] == 3
@@ -115,10 +123,10 @@ def test_the_page_shows_runs_and_the_failed_validation(server, project):
     # the validate task's extra link (its path under the API server) resolves to this run's detail
     link = quality_url("bad-run")
     assert link.endswith("/ivm/quality?run=bad-run")
-    page = httpx.get(base + link[link.index(URL_PREFIX):], cookies={"_token": token})
+    page = get(base + link[link.index(URL_PREFIX):], cookies={"_token": token})
     assert page.status_code == 200 and "Run bad-run" in page.text
     assert "&#39;k&#39;: &#39;zz&#39;" in page.text and "count 1, recomputed 0" in page.text
-    svg = httpx.get(base + "/ivm/quality/chart/per_k.svg", cookies={"_token": token})
+    svg = get(base + "/ivm/quality/chart/per_k.svg", cookies={"_token": token})
     assert svg.headers["content-type"].startswith("image/svg+xml") and svg.text.startswith("<svg")
 
 

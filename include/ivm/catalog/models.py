@@ -177,7 +177,8 @@ class Run(Base):
 
 
 class RunStage(Base):
-    """One stage of a run (plan, trim, maintain, validate, publish, compact) for one relation."""
+    """One stage of a run (ivm.refresh.stages.STAGES: plan, trim, maintain, validate, publish, sink,
+    compact) for one relation."""
 
     __tablename__ = "ivm_run_stages"
 

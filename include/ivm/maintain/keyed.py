@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from ivm.analysis import Decision, _select_expressions, analyse
+from ivm.analysis import Decision, analyse, select_expressions
 from ivm.config import COUNT_COLUMN
 from ivm.ir import Atom, Condition, Const, Literal, Program, Rule, Var
 from ivm.maintain.counting import presence_change
@@ -40,7 +40,7 @@ class MaintenanceRule:
 
 def derived_rules(program: Program, view: str) -> list[MaintenanceRule]:
     analysis = analyse(program, view)
-    rules = _select_expressions(program, view)
+    rules = select_expressions(program, view)
     if isinstance(rules, str) or not analysis.applicable:
         return []
     unsafe: dict[str, list[str]] = {}

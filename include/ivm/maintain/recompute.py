@@ -205,7 +205,7 @@ class Evaluator:
                 right = subgoal(i, item)
                 if right is not None:
                     start = df is None
-                    df = _join(df, right, null_safe and isinstance(item, Literal), lead)
+                    df = natural_join(df, right, null_safe and isinstance(item, Literal), lead)
                     lead = {c for c in right.columns if c != C} if start and restrict_first else \
                         lead - set(right.columns)
                     joined.add(i)
@@ -315,7 +315,8 @@ def _head_column(arg, name: str):
     raise ConfigError(f"_ cannot appear in a rule head (column {name})")
 
 
-def _join(left: DataFrame | None, right: DataFrame, null_safe: bool, lead: set[str] = frozenset()) -> DataFrame:
+def natural_join(left: DataFrame | None, right: DataFrame, null_safe: bool,
+                 lead: set[str] = frozenset()) -> DataFrame:
     """Natural join on shared variables; Z-set counts multiply. Variables in ``lead`` (bound by a
     restricting first item alone) match with NULLs equal."""
     if left is None:

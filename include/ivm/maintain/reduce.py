@@ -42,7 +42,7 @@ from ivm.ir import Atom, Condition, Const, Literal, Program, Rule, Var
 from ivm.maintain import recompute
 from ivm.maintain.counting import presence_change
 from ivm.maintain.fixpoint import as_set
-from ivm.maintain.recompute import Evaluator, _join
+from ivm.maintain.recompute import Evaluator, natural_join
 from ivm.storage import Scratch
 from ivm.zset import anti_join, change_sizes, consolidate, negate, quote, restrict, union_all
 
@@ -334,8 +334,8 @@ class _Chain:
         else:
             self.joined |= atom.variables()
             rel = self.rel[self.order[i]]
-            cand = _join(self.candidate, rel, False)
-            existing = _join(self.existing, rel, False) if self.existing is not None else None
+            cand = natural_join(self.candidate, rel, False)
+            existing = natural_join(self.existing, rel, False) if self.existing is not None else None
         conds = self._newly_applicable() if r._plus() else []
         # the tables' layers are read as they are (joins distribute over ⊎): each step settles its
         # relation into a set (consolidated, present tuples, count 1)

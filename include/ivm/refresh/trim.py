@@ -12,7 +12,7 @@ from pyspark.util import inheritable_thread_target
 
 from ivm.changes import delta
 from ivm.changes.ingest import has_update_images, read_log
-from ivm.changes.trim import log_bounds, trim
+from ivm.changes.trim import NetDelta, log_bounds, trim
 from ivm.context import RunContext
 from ivm.errors import ChangeDataError
 from ivm.modes import Mode
@@ -53,6 +53,21 @@ def replay_delta(ctx: RunContext, p: Plan, item: TableDelta) -> TableDelta:
     return item
 
 
+def _stage(ctx: RunContext, run_id: str, item: TableDelta, net: NetDelta) -> None:
+    """Write the net delta as the table's delta layer (its check is observed while it is written), drop
+    it when the check fails, and keep no empty layer (every change cancelled out: the watermark advances)."""
+    layer = ctx.warehouse.write_layer(net.delta, item.table, "delta", run_id=run_id)
+    try:
+        net.check()
+    except ChangeDataError:
+        ctx.warehouse.delete(layer.path)
+        raise
+    if layer.rows == 0:
+        ctx.warehouse.delete(layer.path)
+        layer = None
+    item.layer, item.delta_rows, item.updated_keys = layer, layer.rows if layer else 0, net.updated_keys()
+
+
 def trim_table(ctx: RunContext, run_id: str, item: TableDelta) -> Callable[[], TableDelta]:
     """Stage 2 for one table: read its log range, check it against the snapshot, write the net delta.
     The catalog is read here (log segments, the table's layers); the Spark work is the returned
@@ -75,16 +90,7 @@ def trim_table(ctx: RunContext, run_id: str, item: TableDelta) -> Callable[[], T
                    update_images=has_update_images(ctx.warehouse, segments),
                    small=item.log_rows > 0 and small_change(item.log_rows, ctx.config.spark.single_partition_rows),
                    bounds=bounds)
-        layer = ctx.warehouse.write_layer(net.delta, name, "delta", run_id=run_id)
-        try:
-            net.check()  # observed while the delta was written
-        except ChangeDataError:
-            ctx.warehouse.delete(layer.path)
-            raise
-        if layer.rows == 0:  # every change cancelled out: advance the watermark, keep no empty layer
-            ctx.warehouse.delete(layer.path)
-            layer = None
-        item.layer, item.delta_rows, item.updated_keys = layer, layer.rows if layer else 0, net.updated_keys()
+        _stage(ctx, run_id, item, net)
         item.seconds = time.perf_counter() - started
         return item
 
@@ -112,22 +118,14 @@ def trim_source(ctx: RunContext, run_id: str, p: Plan, item: TableDelta) -> Call
             net = trim(name, table, changes, current, sum(x.rows or 0 for x in before),
                        small=small_change(item.log_rows, ctx.config.spark.single_partition_rows))
             try:
-                layer = ctx.warehouse.write_layer(net.delta, name, "delta", run_id=run_id)
+                _stage(ctx, run_id, item, net)
             except Exception as e:  # noqa: BLE001 - the feed's files gone (VACUUM) surface as Spark errors
-                if not any(m in str(e) for m in ("FileNotFound", "FILE_NOT_FOUND", "VersionNotFound")):
+                if isinstance(e, ChangeDataError) or not any(
+                        m in str(e) for m in ("FileNotFound", "FILE_NOT_FOUND", "VersionNotFound")):
                     raise
                 raise ChangeDataError(f"table {name}: the change data feed of Delta versions {after + 1}..{upto} "
                                       f"of {where} is gone (VACUUM); use `ivm backfill --full` for the views "
                                       "that read it") from e
-            try:
-                net.check()
-            except ChangeDataError:
-                ctx.warehouse.delete(layer.path)
-                raise
-            if layer.rows == 0:
-                ctx.warehouse.delete(layer.path)
-                layer = None
-            item.layer, item.delta_rows, item.updated_keys = layer, layer.rows if layer else 0, net.updated_keys()
         item.seconds = time.perf_counter() - started
         return item
 
