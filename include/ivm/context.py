@@ -159,12 +159,15 @@ class RunContext:
                                                     self.spark if cfg.source.table is not None else None)
         return self._locations[table]
 
+    def read_zset(self, name: str) -> DataFrame:
+        """The relation's current (published) version consolidated: its columns plus ``__count``."""
+        return self.warehouse.read_consolidated(self.spark, self.catalog.state(name).layers, self.schema(name),
+                                                self.cluster_columns(name))
+
     def read_state(self, name: str) -> DataFrame:
         """The relation's current (published) version as SQL returns it: bag rows repeated, set rows once,
         no ``__count``."""
-        state = self.catalog.state(name)
-        zset = self.warehouse.read_consolidated(self.spark, state.layers, self.schema(name),
-                                                self.cluster_columns(name))
+        zset = self.read_zset(name)
         if name in self.config.views:
             zset = as_used(self.program[0].predicates[name], zset)
         return expand(zset)

@@ -287,12 +287,14 @@ class Project:
     def read_zset(self, name: str) -> DataFrame:
         """The relation's current version consolidated: its columns plus ``__count`` (for a view, the
         number of derivations)."""
-        self.schema(name)  # raises NotFoundError for an unknown name
-        state = self.catalog.state(name)
-        if name in self.config.views and state.version_id is None:
+        self._readable(name)
+        return self.ctx.read_zset(name)
+
+    def _readable(self, name: str) -> None:
+        """NotFoundError for an unknown name or a view not materialized yet."""
+        self.schema(name)
+        if name in self.config.views and self.catalog.state(name).version_id is None:
             raise NotFoundError(f"view {name} has not been materialized yet; run `ivm refresh`")
-        return self.warehouse.read_consolidated(self.spark, state.layers, self.schema(name),
-                                                self.ctx.cluster_columns(name))
 
     def last_delta(self, name: str) -> DataFrame | None:
         """What the newest version of a relation changed, as a Z-set (+n inserted, -n deleted tuples):
@@ -305,7 +307,7 @@ class Project:
 
     def read(self, name: str) -> DataFrame:
         """The relation as SQL returns it: bag rows repeated, set rows once, no ``__count``."""
-        self.read_zset(name)  # (an unknown name, a view not materialized yet: the same errors)
+        self._readable(name)
         return self.ctx.read_state(name)
 
     def register_temp_views(self) -> list[str]:

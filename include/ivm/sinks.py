@@ -30,6 +30,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from ivm.catalog.store import StageRecord
+from ivm.changes import delta
 from ivm.config import resolve_location
 from ivm.context import RunContext
 from ivm.zset import quote
@@ -58,7 +59,7 @@ def app_id(view: str) -> str:
 def _delta_table(where: str):
     from deltalake import DeltaTable
 
-    local = where[len("file:"):].replace("///", "/", 1) if where.startswith("file:") else where
+    local = delta.local_path(where)
     return DeltaTable(local) if DeltaTable.is_deltatable(local) else None
 
 

@@ -25,7 +25,6 @@ with count 1) wherever it reads layers, and neither compaction nor garbage colle
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -33,7 +32,7 @@ from pyspark.sql.types import StructType
 
 from ivm.changes.reader import SEQ, table_schema
 from ivm.config import CHANGE_TYPE, COMMIT_VERSION, COUNT_COLUMN, ProjectConfig, TableConfig, resolve_location
-from ivm.errors import ChangeDataError, ConfigError
+from ivm.errors import ChangeDataError, ConfigError, one_line
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +56,7 @@ def location(config: ProjectConfig, name: str, spark: SparkSession | None = None
     try:
         detail = spark.sql(f"DESCRIBE DETAIL {source.table}").select("location", "format").first()
     except Exception as e:  # noqa: BLE001 - Spark's analysis errors differ by version: one line each way
-        raise ConfigError(f"tables.{name}: source table {source.table}: {_first_line(e)}") from e
+        raise ConfigError(f"tables.{name}: source table {source.table}: {one_line(e)}") from e
     if detail is None or (detail["format"] or "").lower() != "delta":
         raise ConfigError(f"tables.{name}: source table {source.table} is not a Delta table")
     return detail["location"]
@@ -71,7 +70,7 @@ def delta_version(ivm_version: int) -> int:
     return ivm_version - 1
 
 
-def _local(uri: str) -> str:
+def local_path(uri: str) -> str:
     """A location as delta-rs takes it (a local path for ``file:`` URIs)."""
     return uri[len("file:"):].replace("///", "/", 1) if uri.startswith("file:") else uri
 
@@ -81,14 +80,14 @@ def _table(where: str, name: str, version: int | None = None):
     from deltalake.exceptions import TableNotFoundError
 
     try:
-        return DeltaTable(_local(where), version=version)
+        return DeltaTable(local_path(where), version=version)
     except TableNotFoundError as e:
         raise ConfigError(f"tables.{name}: source {where} is not a Delta table") from e
     except Exception as e:  # noqa: BLE001 - delta-rs raises several kinds for a version it cannot load
         if version is not None:
             raise ChangeDataError(f"table {name}: Delta version {version} of {where} can no longer be read "
-                                  f"({_first_line(e)}); use `ivm backfill --full` for the views that read it") from e
-        raise ConfigError(f"tables.{name}: source {where}: {_first_line(e)}") from e
+                                  f"({one_line(e)}); use `ivm backfill --full` for the views that read it") from e
+        raise ConfigError(f"tables.{name}: source {where}: {one_line(e)}") from e
 
 
 def current_version(where: str, name: str) -> int:
@@ -163,22 +162,6 @@ def parse_layer_path(path: str) -> tuple[str, int] | None:
     return where, int(version)
 
 
-@dataclass(frozen=True)
-class SourceLayer:
-    """A Delta source's version as a layer of its relation's state (what the catalog records)."""
-
-    id: str
-    relation: str
-    path: str
-    rows: int | None
-    bytes: int | None = None
-    kind: str = SOURCE
-
-
-def source_layer(name: str, where: str, version: int, rows: int | None) -> SourceLayer:
-    return SourceLayer(f"source-{name}-v{version}", name, layer_path(where, version), rows)
-
-
 def read_version(spark: SparkSession, path: str, schema: StructType) -> DataFrame:
     """A `layer_path`'s rows as a Z-set: the declared columns of the table as of its version, count 1."""
     where, version = parse_layer_path(path)
@@ -207,8 +190,3 @@ def changes(spark: SparkSession, name: str, table: TableConfig, where: str, afte
                        F.col("_change_type").alias(CHANGE_TYPE),
                        (F.col("_commit_version") + 1).cast("long").alias(COMMIT_VERSION),
                        (order.cast("long") * F.lit(1 << 62) + F.monotonically_increasing_id()).alias(SEQ))
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__

@@ -16,6 +16,7 @@ from ivm.modes import Mode
 from ivm.refresh.plan import load_plan
 from ivm.refresh.record import RefreshResult
 from ivm.sinks import SinkWrite
+from ivm.storage import WrittenLayer
 
 Progress = Callable[[str], None]
 
@@ -46,9 +47,9 @@ def publish_stage(ctx: RunContext, run_id: str, progress: Progress = lambda _: N
         for t in p.tables:  # a Delta source's state: the table as of the planned version, read where it is
             if (where := ctx.source_location(t.table)) is not None:
                 version = delta.delta_version(t.to_version)
-                changes.append(PublishChange(t.table, versions[t.table], [
-                    delta.source_layer(t.table, where, version, delta.rows_at(where, t.table, version))],
-                    replace=True))
+                layer = WrittenLayer(f"source-{t.table}-v{version}", t.table, delta.SOURCE,
+                                     delta.layer_path(where, version), delta.rows_at(where, t.table, version), None)
+                changes.append(PublishChange(t.table, versions[t.table], [layer], replace=True))
         for v in p.views:
             changes += [PublishChange(r, versions.get(r), [layer], replace=v.mode is Mode.FULL, create=True,
                                       form=stored_form(v.strategy) if v.mode is Mode.FULL and r == v.view else None)

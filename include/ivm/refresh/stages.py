@@ -146,7 +146,7 @@ def refresh(ctx: RunContext, progress: Progress = lambda _: None, views: list[st
     for s in STAGES[1:]:  # after the commit point, outside it: each its own atomic step (compaction)
         if s.in_process and s.name not in done:
             done[s.name] = s.run(ctx, args, progress)
-    result = next(r for r in done.values() if isinstance(r, RefreshResult))
+    result = done[next(s.name for s in STAGES if s.commit)]  # (publish's RefreshResult)
     result.compacted = done.get("compact") or []
     result.seconds = time.perf_counter() - started
     return result
