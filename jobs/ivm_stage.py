@@ -21,7 +21,8 @@ from ivm.modes import Mode
 from ivm.refresh.stages import STAGE_NAMES, StageArgs, run_stage
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, StageArgs]:
+    """The command line (as the DAG's tasks render it) and the `StageArgs` it gives the stage."""
     ap = argparse.ArgumentParser(prog="ivm_stage.py", description="Run one stage of an ivm run.")
     ap.add_argument("stage", choices=STAGE_NAMES)
     ap.add_argument("--run-id", required=True, help="the ivm run (the same for every stage of it)")
@@ -32,6 +33,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--from-version", default="", help="plan a replay from this commit version (empty: none)")
     ap.add_argument("--sample", default="", help="validate: keys per view to recompute (empty: each view's own)")
     args = ap.parse_args(argv)
+    return args, StageArgs(args.run_id, tuple(v for v in args.views.split(",") if v), Mode(args.mode), args.kind,
+                           int(args.from_version) if args.from_version.strip() else None,
+                           int(args.sample) if args.sample.strip() else None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, stage_args = parse_args(argv)
     configure_logging(logging.INFO)
 
     from pyspark.sql import SparkSession
@@ -52,10 +60,7 @@ def main(argv: list[str] | None = None) -> int:
 
     project = Project.open(args.project, start_spark=start_spark)
     try:
-        run_stage(project.ctx, args.stage, StageArgs(
-            args.run_id, tuple(v for v in args.views.split(",") if v), Mode(args.mode), args.kind,
-            int(args.from_version) if args.from_version.strip() else None,
-            int(args.sample) if args.sample.strip() else None))
+        run_stage(project.ctx, args.stage, stage_args)
     except IvmError as e:
         print(f"ivm_stage: error: {e}", file=sys.stderr)
         return e.exit_code

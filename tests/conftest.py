@@ -25,12 +25,16 @@ if os.environ.get("CI"):
 
 
 @pytest.fixture(scope="session")
-def spark():
+def spark(tmp_path_factory):
     from ivm.config import SparkSettings
     from ivm.spark import session
 
-    s = session(SparkSettings(master="local[2]", conf={"spark.sql.shuffle.partitions": "2",
-                                                       "spark.default.parallelism": "2"}), "ivm-tests")
+    # (the session's catalog is Spark's in-memory one, its databases' folders in a temporary folder: the
+    # views ivm registers by name, tests/spark/test_delta.py, live as long as the session). Its driver,
+    # which runs the tasks too, gets 2 GB of heap: one JVM runs a whole worker's share of the suite
+    s = session(SparkSettings(master="local[2]", conf={
+        "spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2", "spark.driver.memory": "2g",
+        "spark.sql.warehouse.dir": str(tmp_path_factory.mktemp("spark-warehouse"))}), "ivm-tests")
     yield s
     s.stop()
 

@@ -65,9 +65,11 @@ def cmd_snapshot(args) -> int:
     from ivm import sinks
 
     project = _open(args)
-    rows = [[s.view, s.location, "" if s.delta_version is None else s.delta_version,
+    db = project.config.database if project.config.storage.register_views else None
+    rows = [[s.view, f"{db}.{s.view}" if db else "", s.location, "" if s.delta_version is None else s.delta_version,
              s.sql() if s.delta_version is not None else s.note] for s in sinks.snapshot(project.ctx)]
-    _out(tabulate(rows, headers=["view", "Delta table", "version", "read with"], tablefmt="simple"))
+    _out(tabulate(rows, headers=["view", "Spark catalog name", "Delta table", "version", "read with"],
+                  tablefmt="simple"))
     return 0
 
 
@@ -82,15 +84,24 @@ def cmd_backfill(args) -> int:
 
 
 def cmd_show(args) -> int:
+    from ivm import sinks
+
     project = _open(args)
-    df = project.read(args.name)
-    columns = df.columns
-    df = df.orderBy(*columns)
     limit = args.limit if args.limit is not None else (20 if args.format == "table" else None)
-    if limit is not None:
-        rows = [tuple(r) for r in df.limit(limit).collect()]
-    else:  # stream, never the whole relation on the driver at once
-        rows = (tuple(r) for r in df.toLocalIterator())
+    # a view published as a small Delta table is read by delta-rs: no JVM to start (ivm.sinks)
+    table = (sinks.read_without_jvm(project.ctx, args.name)
+             if args.name in project.config.views and project.config.storage.delta_views else None)
+    if table is not None:
+        columns = table.column_names
+        rows = [tuple(r.values()) for r in (table if limit is None else table.slice(0, limit)).to_pylist()]
+    else:
+        df = project.read(args.name)
+        columns = df.columns
+        df = df.orderBy(*columns)
+        if limit is not None:
+            rows = [tuple(r) for r in df.limit(limit).collect()]
+        else:  # stream, never the whole relation on the driver at once
+            rows = (tuple(r) for r in df.toLocalIterator())
     if args.format == "csv":
         writer = csv.writer(sys.stdout, lineterminator="\n")
         writer.writerow(columns)

@@ -89,6 +89,11 @@ class StorageSettings(_Model):
     lease_timeout_minutes: float = Field(default=120.0, gt=0)
     #: publish every view as a Delta table (its ``sink``; ivm.sinks) after each refresh that changed it
     delta_views: bool = True
+    #: with ``delta_views``: `ivm apply` registers each view's Delta table in the Spark catalog as
+    #: ``<database>.<view>`` (README "Delta Lake", "Found by name")
+    register_views: bool = True
+    #: the Spark catalog database of the views (default: the project's ``name``)
+    database: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class ExpectationSpec(_Model):
@@ -294,6 +299,9 @@ class ViewConfig(_Model):
 class ProjectConfig(_Model):
     """The whole project file. ``root`` is the folder relative paths are resolved against."""
 
+    #: the project's name: its Airflow assets' ``ivm://<name>/<view>`` and the Spark catalog database of
+    #: its views; default: the name of the project file's folder
+    name: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     warehouse: str = "./warehouse"
     catalog: str | None = None
     spark: SparkSettings = Field(default_factory=SparkSettings)
@@ -356,7 +364,17 @@ class ProjectConfig(_Model):
         for t in edges:
             visit(t, [t])
 
-    # -- resolved locations -------------------------------------------------------------------------
+    # -- resolved names and locations ---------------------------------------------------------------
+
+    @property
+    def project_name(self) -> str:
+        """``name``, else the project folder's name made an identifier (lower case, ``_`` for the rest)."""
+        return self.name or re.sub(r"[^a-z0-9_]", "_", Path(self.root).resolve().name.lower()) or "ivm"
+
+    @property
+    def database(self) -> str:
+        """The Spark catalog database the views are registered in."""
+        return self.storage.database or self.project_name
 
     @property
     def warehouse_uri(self) -> str:

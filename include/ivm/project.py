@@ -152,10 +152,14 @@ class Project:
                      "options": v.model_dump(mode="json", by_alias=True, exclude={"sql", "datalog"},
                                              exclude_none=True)}
                  for n, v in self.config.views.items()}
+        # (the views' names in the Spark catalog first: a name another table holds is refused before the
+        # catalog's definitions change; registering again is a no-op)
+        registered = (sinks.register(self.ctx) if self.config.storage.delta_views
+                      and self.config.storage.register_views else [])
         changes = self.catalog.save_definitions(tables, views)
         dropped = sorted(set(applied) - set(self.config.tables))
         changes += [f"table {n} is no longer in the project file (its data is kept)" for n in dropped]
-        return changes
+        return changes + [f"view {name} registered in the Spark catalog" for name in registered]
 
     # -- data in ----------------------------------------------------------------------------------
 

@@ -26,6 +26,8 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from py4j.protocol import Py4JJavaError
+from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
@@ -33,6 +35,7 @@ from ivm.catalog.store import StageRecord
 from ivm.changes import delta
 from ivm.config import resolve_location
 from ivm.context import RunContext
+from ivm.errors import ConfigError, IvmError, one_line
 from ivm.zset import quote
 
 log = logging.getLogger(__name__)
@@ -165,23 +168,110 @@ class SinkState:
         return f"SELECT * FROM delta.`{self.location}` VERSION AS OF {self.delta_version}"
 
 
+def state(ctx: RunContext, view: str) -> SinkState:
+    """The Delta version of the view's table that holds the view as the catalog's current snapshot does
+    (from the sink stages' records; no JVM)."""
+    where = location(ctx, view)
+    current = ctx.catalog.state(view).version_id
+    record = ctx.catalog.latest_stage("sink", view)
+    if current is None:
+        return SinkState(view, where, None, "not materialized yet")
+    if record is None or record.detail.get("view_version") != current:
+        return SinkState(view, where, None, "its Delta table is behind the catalog: the next refresh writes it "
+                                            "(or it is not published: storage.delta_views)")
+    return SinkState(view, where, record.detail["delta_version"], "current")
+
+
 def snapshot(ctx: RunContext) -> list[SinkState]:
-    """`ivm snapshot`: per view, the Delta version of its table that holds the view as the catalog's
-    current snapshot does (from the sink stages' records; no JVM). Reading each table ``VERSION AS OF``
-    its version reads one consistent set of views."""
-    out = []
-    for view in ctx.config.views:
-        where = location(ctx, view)
-        current = ctx.catalog.state(view).version_id
-        record = ctx.catalog.latest_stage("sink", view)
-        if current is None:
-            out.append(SinkState(view, where, None, "not materialized yet"))
-        elif record is None or record.detail.get("view_version") != current:
-            out.append(SinkState(view, where, None, "its Delta table is behind the catalog: the next refresh "
-                                                    "writes it (or it is not published: storage.delta_views)"))
-        else:
-            out.append(SinkState(view, where, record.detail["delta_version"], "current"))
-    return out
+    """`ivm snapshot`: `state` of every view. Reading each table ``VERSION AS OF`` its version reads one
+    consistent set of views."""
+    return [state(ctx, view) for view in ctx.config.views]
+
+
+#: `ivm show` reads a view's Delta table with delta-rs, without starting a JVM, up to this size
+SHOW_WITHOUT_JVM_MB = 64
+
+
+def read_without_jvm(ctx: RunContext, view: str):
+    """The view's current rows as a pyarrow Table sorted by every column (as `ivm show` prints them),
+    read without a JVM from its Delta table at the version holding the catalog's current snapshot; None
+    when that needs Spark: the table is behind the catalog, larger than `SHOW_WITHOUT_JVM_MB`, uses a
+    reader feature (deletion vectors, column mapping: reader version above 1), or has a column Arrow
+    cannot sort (arrays, maps, structs).
+
+    delta-rs gives the version's files, schema and size; pyarrow reads the Parquet files. (delta-rs's own
+    `to_pyarrow_table` scans through a Python file system over its Rust store whose threads outlive the
+    scan: about one `ivm show` in five aborted at exit with "terminate called without an active
+    exception", delta-io/delta-rs#2184; the plain file list does not.)"""
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+    from deltalake import DeltaTable
+
+    s = state(ctx, view)
+    if s.delta_version is None or "://" in delta.local_path(s.location):  # (a remote table: through Spark)
+        return None
+    dt = DeltaTable(delta.local_path(s.location), version=s.delta_version)
+    size = sum(dt.get_add_actions(flatten=True).column("size_bytes").to_pylist())
+    schema = pa.schema(dt.schema().to_arrow())
+    if (size > SHOW_WITHOUT_JVM_MB * 2**20 or dt.protocol().min_reader_version > 1
+            or any(pa.types.is_nested(f.type) for f in schema)):
+        return None
+    files = [delta.local_path(u) for u in dt.file_uris()]
+    try:
+        rows = ds.dataset(files, schema=schema, format="parquet").to_table()
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:  # a type Arrow reads differently: Spark does
+        log.info("ivm show %s: reading through Spark (%s)", view, e)
+        return None
+    # as ivm's Spark sessions (UTC) show a TIMESTAMP: the UTC wall clock, no zone
+    rows = rows.cast(pa.schema([f.with_type(pa.timestamp(f.type.unit)) if pa.types.is_timestamp(f.type) else f
+                                for f in rows.schema]))
+    # (Spark's ORDER BY puts NULLs first in ascending order)
+    return rows.sort_by([(c, "ascending", "at_start") for c in rows.column_names])
+
+
+def register(ctx: RunContext, progress: Callable[[str], None] = lambda _: None) -> list[str]:
+    """`ivm apply`: each view's Delta table in the Spark catalog as ``<database>.<view>`` (an external
+    table: the catalog holds its name and location, the Delta log its schema and data), so any session
+    with Delta's extension and the same metastore reads it by name. A view without a Delta table yet gets
+    an empty one with its schema (apply is the DDL, a refresh the DML). A name already taken by a table
+    ivm did not make (a managed table) is refused before anything is registered; one of ivm's pointing
+    elsewhere (a moved ``sink``) is pointed anew. What ivm registers is a name only: dropping it keeps
+    the files. A catalog Spark cannot open (an embedded Derby metastore another JVM holds) ends with
+    one line."""
+    spark = ctx.spark
+    db = ctx.config.database
+    try:
+        taken = {view: spark.catalog.getTable(f"{db}.{view}") for view in ctx.config.views
+                 if spark.catalog.tableExists(f"{db}.{view}")}
+        for view, table in taken.items():
+            if table.tableType == "MANAGED":
+                raise ConfigError(f"views.{view}: the Spark catalog's {db}.{view} is a managed table ivm did not "
+                                  "make; drop it or choose another database (storage.database)")
+        spark.sql(f"CREATE DATABASE IF NOT EXISTS {quote(db)}")
+        done = []
+        for view in ctx.config.views:
+            where = location(ctx, view)
+            if _delta_table(where) is None:
+                spark.createDataFrame([], ctx.schema(view)).write.format("delta").save(where)
+            name = f"{quote(db)}.{quote(view)}"
+            if view in taken:
+                if _registered_at(spark, name) == delta.local_path(where):
+                    continue
+                spark.sql(f"DROP TABLE {name}")  # (external: its files stay)
+            path = where.replace("\\", "\\\\").replace("'", "\\'")
+            spark.sql(f"CREATE TABLE {name} USING delta LOCATION '{path}'")
+            progress(f"views.{view}: registered as {db}.{view} ({where})")
+            done.append(f"{db}.{view}")
+        return done
+    except (AnalysisException, Py4JJavaError) as e:
+        raise IvmError(f"the Spark catalog cannot register the views in database {db}: {one_line(e)} (an embedded "
+                       "Derby metastore opens in one JVM at a time; storage.register_views: false skips this)") from e
+
+
+def _registered_at(spark, name: str) -> str:
+    """The location the catalog holds for table ``name``, as a local path where it is one."""
+    (row,) = spark.sql(f"DESCRIBE DETAIL {name}").select("location").collect()
+    return delta.local_path(row.location)
 
 
 def optimize(ctx: RunContext, views: list[str] | None = None,

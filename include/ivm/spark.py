@@ -43,6 +43,11 @@ LOG4J2 = Path(__file__).with_name("log4j2.properties")
 #: ``F.col`` instead of 3. The call sites it records are ivm's own lines, which say nothing to a user
 #: whose input is the project file (ivm's errors name the table, view, column and row); off, a Q3
 #: refresh at SF 1 makes ~5,400 py4j calls instead of ~11,000.
+#: The status store keeps each SQL execution's plan graph and metrics for the UI's SQL tab (1,000 by
+#: default) even with the UI off, where nobody reads them: a long-lived session (the test suite's, a
+#: notebook's) held ~400 MB of them in its 1 GB heap (SQLPlanMetric, their maps and plan strings), so a
+#: task's peak ran the driver out of heap, which ends a local JVM. ivm's job measures read jobs and
+#: stages (`JobMetrics`), never executions.
 DEFAULT_CONF = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
@@ -52,6 +57,7 @@ DEFAULT_CONF = {
     "spark.python.sql.dataFrameDebugging.enabled": "false",
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.sources.partitionOverwriteMode": "dynamic",
+    "spark.sql.ui.retainedExecutions": "50",
     "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={LOG4J2}",
 }
 
@@ -92,6 +98,31 @@ def with_delta(conf: dict[str, str]) -> dict[str, str]:
                         "cannot be read or written", JARS_DIR)
         out["spark.jars"] = ",".join(filter(None, [conf.get("spark.jars"), *jars]))
     return out
+
+
+#: Spark's catalog implementation setting (static: fixed when the session starts)
+CATALOG_IMPLEMENTATION = "spark.sql.catalogImplementation"
+
+
+def with_metastore(conf: dict[str, str], warehouse: str) -> dict[str, str]:
+    """``conf`` with a persistent Spark catalog for the views' names (`ivm.sinks.register`): Spark's
+    Hive catalog on its embedded metastore, an Apache Derby database in ``<warehouse>/metastore_db`` —
+    unless ``conf`` chooses a catalog itself (``spark.sql.catalogImplementation``: a shared Hive
+    metastore by ``spark.hadoop.hive.metastore.uris``, say) or the warehouse is not a local folder.
+
+    A Derby database is opened by one JVM at a time: a notebook reading the views by name through it
+    keeps ivm's `apply` from registering until it stops (README "Delta Lake"). Spark opens the metastore
+    on a session's first use of the catalog, which only `apply` and table-named sources make: refreshes
+    read and write Delta tables by path, so a DAG's parallel tasks do not contend for it."""
+    if CATALOG_IMPLEMENTATION in conf or "://" in warehouse:
+        return conf
+    home = Path(warehouse)
+    options = " ".join(filter(None, [conf.get("spark.driver.extraJavaOptions"), f"-Dderby.system.home={home}"]))
+    return {**conf, CATALOG_IMPLEMENTATION: "hive",
+            "spark.hadoop.javax.jdo.option.ConnectionURL":
+                f"jdbc:derby:;databaseName={home / 'metastore_db'};create=true",
+            "spark.sql.warehouse.dir": str(home / "spark-warehouse"),
+            "spark.driver.extraJavaOptions": options}
 
 
 #: Hadoop's local file system with permissions set in-process (include/ivm/jvm/NioLocalFileSystem.java,

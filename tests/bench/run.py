@@ -13,6 +13,9 @@ graph and materialized once. Then for each Δ (a fraction of the orders, or of t
     T_full  append a second change of the same size, `refresh --mode full` (trim the logs, recompute the
             view and everything it stores, publish)
     T_auto  append a third, `refresh` (`--mode auto`: the crossover by the view's measured costs decides)
+    T_plain what a user without ivm runs instead: the view's SQL as Spark SQL's
+            `CREATE OR REPLACE TABLE ... USING delta AS SELECT` in the same Spark (a session of its own),
+            over Delta copies of the view's tables (written, unmeasured, at each Δ's start)
     noop    a `refresh` with nothing new
 
 ``--repeat`` times (3), the modes interleaved, each T the median (reported with the range), after every
@@ -111,6 +114,33 @@ class SparkCounters:
         return result, m.seconds, m.jobs, m.rows_read, m.bytes_written, m.shuffled
 
 
+def view_sql(view: str) -> str | None:
+    """The view's SQL (None for a Datalog view)."""
+    definition = {**TPCH_VIEWS, **PROJECTION_VIEWS, **CREAM_VIEWS, **CLOSURE_VIEWS}[view.split("@")[0]]
+    return definition if isinstance(definition, str) else definition.get("sql")
+
+
+class PlainSpark:
+    """T_plain: the view's SQL run by plain Spark as a user without ivm would, `CREATE OR REPLACE TABLE
+    delta.`<folder>/view` USING delta AS <the view's SQL>`, in a new session of ivm's Spark (the same warm
+    JVM and executors; temporary views of its own: each of the view's tables by its name, read from a
+    Delta copy of the table's state, written unmeasured by `copy_tables`)."""
+
+    def __init__(self, project, view: str, folder: Path):
+        self.project, self.sql, self.folder = project, view_sql(view), folder
+        self.spark = project.spark.newSession()
+
+    def copy_tables(self) -> None:
+        for table in self.project.config.tables:
+            where = str(self.folder / table)
+            (self.project.read(table).write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+             .save(where))
+            self.spark.read.format("delta").load(where).createOrReplaceTempView(table)
+
+    def run(self) -> None:
+        self.spark.sql(f"CREATE OR REPLACE TABLE delta.`{self.folder / 'view'}` USING delta AS {self.sql}")
+
+
 def project_for(view: str, root: Path, sf: float, edges: int):
     """A project holding ``view`` and the tables it reads, loaded and materialized."""
     from ivm import Project
@@ -176,11 +206,18 @@ def run_view(view: str, args, root: Path, counters_for) -> list[Figure]:
     full_warmup = warm_up(lambda: append(min(args.deltas), plan[0][1]),
                           lambda: project.refresh([name], mode="full"), FULL_WARMUP)
     print(f"{view}: full warm-up refreshes {', '.join(f'{t:.2f}' for t in full_warmup)} s", flush=True)
+    plain = PlainSpark(project, view, root / f"plain-{view.replace('@', '-')}") if view_sql(view) else None
+    if plain is not None:  # (as many unmeasured runs as the full refreshes had)
+        plain.copy_tables()
+        plain_warmup = warm_up(lambda: None, plain.run, FULL_WARMUP)
+        print(f"{view}: plain Spark warm-up {', '.join(f'{t:.2f}' for t in plain_warmup)} s", flush=True)
     for fraction, kind in plan:
         # each Δ's measurements start from compacted relations (one base layer each; unmeasured): the
         # figures run at the few layers a compacted project holds, not at however many the earlier
         # figures left (past 32 a read lists its layers in a Spark job of its own)
         project.compact(force=True)
+        if plain is not None:
+            plain.copy_tables()
         rounds: dict[str, list[Figure]] = {}
         for _ in range(args.repeat):  # the modes interleaved: a slow minute of the machine hits each alike
             n = append(fraction, kind)
@@ -194,6 +231,9 @@ def run_view(view: str, args, root: Path, counters_for) -> list[Figure]:
             _, *numbers = counters.measure(lambda: project.refresh([name], mode="full"))
             rounds.setdefault("full", []).append(Figure(view, fraction, kind, "full", n_full, *numbers,
                                                         warmup=full_warmup if (fraction, kind) == plan[0] else None))
+            if plain is not None:  # T_plain: the user's CREATE OR REPLACE TABLE ... AS SELECT
+                _, *numbers = counters.measure(plain.run)
+                rounds.setdefault("plain", []).append(Figure(view, fraction, kind, "plain", 0, *numbers))
             if args.auto:  # a third change of the same size under --mode auto: the crossover's choice
                 n = append(fraction, kind)
                 result, *numbers = counters.measure(lambda: project.refresh([name]))
@@ -209,7 +249,9 @@ def run_view(view: str, args, root: Path, counters_for) -> list[Figure]:
                                                               f"{', '.join(chosen)}")
         figures += medians.values()
         print(f"{view} Δ={fraction:g} {kind}: incremental {medians['incremental'].seconds:.2f} s, full "
-              f"{medians['full'].seconds:.2f} s ({n} changed rows; medians of {args.repeat})", flush=True)
+              f"{medians['full'].seconds:.2f} s" + (f", plain Spark {medians['plain'].seconds:.2f} s"
+                                                     if "plain" in medians else "")
+              + f" ({n} changed rows; medians of {args.repeat})", flush=True)
         if "auto" in medians:
             print(f"{view} Δ={fraction:g} {kind}: auto chose {', '.join(f.detail for f in rounds['auto'])}: "
                   f"{medians['auto'].seconds:.2f} s", flush=True)
@@ -255,7 +297,7 @@ def machine() -> list[str]:
 
 def report(figures: list[Figure], args, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    lines = ["# ivm benchmark: incremental refresh vs full recompute", "",
+    lines = ["# ivm benchmark: incremental refresh vs full recompute vs plain Spark", "",
              *[f"- {m}" for m in machine()],
              f"- TPC-H SF {args.sf:g} (tpchgen-cli); closure over {args.edges} edges (chains of 10 nodes)",
              "- one warm Spark session: the initial materialization ran before the figures, then "
@@ -270,19 +312,25 @@ def report(figures: list[Figure], args, out: Path) -> None:
              f"interleaved (incremental, full, {'auto, ' if args.auto else ''}incremental, ...), each on a change "
              "of its own; jobs, rows "
              "and bytes are the median measurement's; T_inc/T_full is the medians' ratio", "",
-             "| view | Δ | kind | changed rows | T_inc s | T_full s | T_inc/T_full | jobs inc/full | "
-             "rows read inc/full | bytes written inc/full |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "- T_plain: the view's SQL as `CREATE OR REPLACE TABLE delta.`...` USING delta AS SELECT` in a new "
+             "session of the same Spark, over Delta copies of the tables at the Δ's start (written unmeasured), "
+             f"after {FULL_WARMUP} unmeasured runs; measured in the same rounds, after T_full (— for a Datalog view)",
+             "",
+             "| view | Δ | kind | changed rows | T_inc s | T_full s | T_plain s | T_inc/T_plain | T_full/T_plain | "
+             "T_inc/T_full | jobs inc/full | rows read inc/full | bytes written inc/full |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     by: dict[tuple, dict[str, Figure]] = {}
     for f in figures:
         by.setdefault((f.view, f.delta, f.change), {})[f.mode] = f
     for (view, delta, kind), pair in by.items():
-        inc, full = pair["incremental"], pair.get("full")
+        inc, full, plain = pair["incremental"], pair.get("full"), pair.get("plain")
         if full is None:
-            lines.append(f"| {view} | — | no-op refresh | 0 | {inc.seconds:.2f} | | | {inc.jobs} | {inc.rows_read} | "
-                         f"{inc.bytes_written} |")
+            lines.append(f"| {view} | — | no-op refresh | 0 | {inc.seconds:.2f} | | | | | | {inc.jobs} | "
+                         f"{inc.rows_read} | {inc.bytes_written} |")
             continue
-        lines.append(f"| {view} | {delta:.2%} | {kind} | {inc.changes} | {timed(inc)} | {timed(full)} | "
+        vs_plain = (f"{timed(plain)} | {inc.seconds:.2f}/{plain.seconds:.2f} = {inc.seconds / plain.seconds:.3f} | "
+                    f"{full.seconds / plain.seconds:.3f}") if plain else "— | — | —"
+        lines.append(f"| {view} | {delta:.2%} | {kind} | {inc.changes} | {timed(inc)} | {timed(full)} | {vs_plain} | "
                      f"{inc.seconds / full.seconds:.3f} | {inc.jobs}/{full.jobs} | {inc.rows_read}/{full.rows_read} | "
                      f"{inc.bytes_written}/{full.bytes_written} |")
     for mode, what in (("incremental", "incremental refreshes at the smallest Δ"), ("full", "full refreshes")):
@@ -335,7 +383,8 @@ def chart(by: dict, path: Path) -> None:
             series.setdefault(name, {}).setdefault(side, []).append((delta, f.seconds))
     fig, axes = plt.subplots(1, len(series), figsize=(4 * len(series), 3.2), squeeze=False)
     for ax, (name, sides) in zip(axes[0], series.items(), strict=True):
-        for side, label, style in [("incremental", "T_inc", "o-"), ("full", "T_full", "s--")]:
+        for side, label, style in [("incremental", "T_inc", "o-"), ("full", "T_full", "s--"),
+                                   ("plain", "T_plain", "^:")]:
             pts = sorted(sides.get(side, []))
             ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label)
         ax.set_xscale("log")

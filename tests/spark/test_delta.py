@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from ivm import sinks
 from ivm.errors import ChangeDataError, ConfigError
-from tests.conftest import drawn_stream
+from tests.conftest import drawn_stream, write_project
 from tests.helpers import STREAMS, norm
 
 DAYS = [dt.date(2026, 11, d) for d in (1, 2, 3)]
@@ -159,7 +159,8 @@ def test_a_delta_source_is_changed_where_it_is_and_its_schema_is_checked(make_pr
     assert [v.mode for v in p.refresh().views if v.view == "big"] == ["incremental"]
     # `ivm snapshot`: each view's Delta table at the version holding the catalog's snapshot, by its SQL
     [big] = [s for s in sinks.snapshot(p.ctx) if s.view == "big"]
-    assert big.delta_version == 1 and [tuple(r) for r in spark.sql(big.sql()).collect()] == [
+    # (apply created it empty: version 0; the first refresh overwrote it, the second merged into it)
+    assert big.delta_version == 2 and [tuple(r) for r in spark.sql(big.sql()).collect()] == [
         (1, "ann", Decimal("70.00"))]
     assert p.catalog.latest_stage("sink", "big").detail["how"] == "merge"  # keyed, incremental: one MERGE
     # upkeep: `ivm compact` OPTIMIZEs the views' Delta tables, `ivm gc` VACUUMs them; the views stay as they are
@@ -173,3 +174,76 @@ def test_a_delta_source_is_changed_where_it_is_and_its_schema_is_checked(make_pr
     with pytest.raises(ChangeDataError, match="table orders: column amount is not in Delta table"):
         p.refresh()
     assert [tuple(r) for r in p.read("big").collect()] == [(1, "ann", Decimal("70.00"))]
+
+
+def test_views_are_found_by_name_shown_without_a_jvm_and_announced_when_changed(make_project, spark, tmp_path,
+                                                                                monkeypatch, capsys):
+    """`ivm apply` registers every view's Delta table in the Spark catalog as ``<project>.<view>`` (an
+    external table: dropping the name keeps the files; a name held by a managed table is refused);
+    `ivm show` of a view reads its Delta table with delta-rs, without Spark; the views a run changed are
+    the ones the DAG announces as assets, with their Delta versions."""
+    from ivm.cli import main
+    from ivm.orchestration.stages import changed_views
+
+    p, sources = project_with_sources(make_project, spark, tmp_path, [(1, "ann", Decimal("60.00"), DAYS[0]),
+                                                                     (2, "bob", Decimal("10.00"), DAYS[1])],
+                                      [(DAYS[0], "click", 1.0)])
+    db = p.config.database
+    assert db == "project"  # (the project folder's name)
+    assert [tuple(r) for r in spark.sql(f"SELECT * FROM {db}.big").collect()] == []  # apply made it, empty
+    p.refresh()
+    spark.sql(f"UPDATE delta.`{sources['orders']}` SET amount = 70 WHERE id = 1")
+    run = p.refresh()
+    for view in VIEWS:
+        assert bag(spark.sql(f"SELECT * FROM {db}.{view}").collect()) == bag(p.read(view).collect()), view
+    # announced: the views whose content changed (big: a row; per_cust: ann's total), with their Delta versions
+    changed = changed_views(p.ctx, run.run_id)
+    assert set(changed) == {"big", "per_cust"}
+    assert changed["big"]["delta_version"] == DeltaTable(sinks.location(p.ctx, "big")).version()
+    assert changed["big"]["rows_changed"] == 2 and changed["big"]["view_version"] == p.catalog.state("big").version_id
+    # `ivm show` without Spark: the Delta table at the snapshot's version, in the order Spark's gives
+    for view in VIEWS:
+        ours = p.read(view)
+        rows = [tuple(r) for r in ours.orderBy(*ours.columns).collect()]
+        assert [tuple(d.values()) for d in sinks.read_without_jvm(p.ctx, view).to_pylist()] == rows, view
+    monkeypatch.setattr("ivm.context.session", lambda *a, **k: pytest.fail("ivm show started Spark"))
+    assert main(["show", "big", "--format", "csv", "--project", str(p.config.root)]) == 0
+    assert capsys.readouterr().out.splitlines() == ["id,cust,amount", "1,ann,70.00"]
+    monkeypatch.undo()
+    # applied again: nothing to register anew; a sink moved: its name points at the new table
+    assert not [c for c in p.apply() if "registered" in c]
+    spark.sql("CREATE DATABASE IF NOT EXISTS taken")
+    spark.sql("CREATE TABLE taken.big (x INT) USING parquet")
+    path = write_project(tmp_path / "project", {"orders": {**ORDERS, "source": {"delta": sources["orders"]}},
+                                                "events": {**EVENTS, "source": {"delta": sources["events"]}}},
+                         views=VIEWS, storage={"delta_views": True, "database": "taken"})
+    from ivm import Project
+
+    taken = Project.open(str(path))
+    try:
+        with pytest.raises(ConfigError, match=r"views\.big: the Spark catalog's taken\.big is a managed table"):
+            taken.apply()
+    finally:
+        taken.close()
+
+
+def test_a_source_named_in_the_spark_catalog(make_project, spark, tmp_path):
+    """``source: {table: NAME}``: the Delta table the Spark catalog names, changed by its name; an unknown
+    name or a table that is not Delta is refused at apply with the table named."""
+    where = create(spark, tmp_path / "lake" / "orders", "orders", [(1, "ann", Decimal("60.00"), DAYS[0])])
+    spark.sql("CREATE DATABASE IF NOT EXISTS shop")
+    spark.sql(f"CREATE TABLE IF NOT EXISTS shop.orders_{tmp_path.name} USING delta LOCATION '{where}'")
+    name = f"shop.orders_{tmp_path.name}"
+    p = make_project({"orders": {**ORDERS, "source": {"table": name}}}, root=tmp_path / "p",
+                     views={"big": VIEWS["big"]})
+    p.refresh()
+    spark.sql(f"INSERT INTO {name} VALUES (2, 'bob', 99.50, DATE'2026-11-02')")
+    spark.sql(f"UPDATE {name} SET amount = 10 WHERE id = 1")
+    assert [v.mode for v in p.refresh().views] == ["incremental"]
+    assert [tuple(r) for r in p.read("big").collect()] == [(2, "bob", Decimal("99.50"))]
+    spark.sql(f"CREATE TABLE shop.plain_{tmp_path.name} (id INT) USING parquet")
+    for source, message in [("shop.nowhere", "tables.orders: source table shop.nowhere: .*"),
+                            (f"shop.plain_{tmp_path.name}", "tables.orders: source table .* is not a Delta table")]:
+        with pytest.raises(ConfigError, match=message):
+            make_project({"orders": {**ORDERS, "source": {"table": source}}}, root=tmp_path / "q",
+                         views={"big": VIEWS["big"]})

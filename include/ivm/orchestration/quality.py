@@ -57,7 +57,7 @@ class QualityData:
 
     def __init__(self, project_path: str):
         self.config = load_project(project_path)
-        self.project = Path(project_path).resolve().parent.name
+        self.project = self.config.project_name
         self.catalog = Catalog.open(self.config.catalog_url)
         self.docs_root = _local_docs_root(self.config.warehouse_uri)
 

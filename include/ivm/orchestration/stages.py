@@ -1,6 +1,6 @@
 """What the Airflow DAGs need of a run beside its stages (ivm.refresh.stages, which ``jobs/ivm_stage.py``
-runs under spark-submit): the ivm run id of a DAG run, and the views a run planned in a stratum (what
-the DAG maps a stratum's maintain task over)."""
+runs under spark-submit): the ivm run id of a DAG run, the views a run planned in a stratum (what the
+DAG maps a stratum's maintain task over), and the views it changed (the asset events it sends)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import hashlib
 import re
 
 from ivm.context import RunContext
+from ivm.modes import Mode
 from ivm.refresh.plan import load_plan
 
 
@@ -23,3 +24,22 @@ def views_of_stratum(ctx: RunContext, run_id: str, stratum: int) -> list[str]:
     """The views run ``run_id`` planned in ``stratum`` (what the DAG maps the stratum's task over)."""
     p, _ = load_plan(ctx, run_id)
     return [w.view for w in p.views if w.stratum == stratum]
+
+
+def changed_views(ctx: RunContext, run_id: str) -> dict[str, dict]:
+    """The views run ``run_id`` changed — maintained with a non-empty delta, or recomputed (a recompute
+    does not count what changed) — each with its asset event's extra: the run, the view's catalog
+    version, its Delta table and version (where the sink stage wrote one), rows changed and how."""
+    p, _ = load_plan(ctx, run_id)
+    run = ctx.catalog.get_run(run_id)
+    sinks = {s.relation: s.detail for s in (run.stages if run else []) if s.stage == "sink"}
+    out = {}
+    for w in p.views:
+        if w.mode is Mode.NOOP or (w.mode is Mode.INCREMENTAL and not w.rows_changed):
+            continue
+        sink = sinks.get(w.view, {})
+        version = sink.get("view_version") or ctx.catalog.state(w.view).version_id
+        out[w.view] = {"run_id": run_id, "view_version": version,
+                       "rows_changed": w.rows_changed, "mode": str(w.mode),
+                       "delta_table": sink.get("location"), "delta_version": sink.get("delta_version")}
+    return out

@@ -59,6 +59,9 @@ class Stage:
     commit: bool = False
     #: `ivm refresh` runs it (the report is what the CLI prints itself)
     in_process: bool = True
+    #: after it, readers outside ivm see the run's views (their Delta tables): the DAG sends the changed
+    #: views' asset events here
+    readable: bool = False
 
 
 def _plan(ctx: RunContext, a: StageArgs, say: Progress) -> None:
@@ -84,7 +87,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("validate", lambda ctx, a, say: validate_stage(ctx, a.run_id, say, a.sample), spark=True),
     Stage("publish", lambda ctx, a, say: publish_stage(ctx, a.run_id, say), spark=False, commit=True),
     # (Spark starts only when a view is written: `storage.delta_views` off, the stage does nothing)
-    Stage("sink", lambda ctx, a, say: sink_stage(ctx, a.run_id, say), spark=False),
+    Stage("sink", lambda ctx, a, say: sink_stage(ctx, a.run_id, say), spark=False, readable=True),
     Stage("compact", lambda ctx, a, say: compact_stage(ctx, a.run_id, say), spark=False),
     Stage("report", _report, spark=False, in_process=False),
 )
