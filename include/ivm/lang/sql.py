@@ -43,6 +43,7 @@ from ivm.ir import (
     Unnest,
     Var,
 )
+from ivm.lang import allowlist
 
 #: sqlglot aggregate classes and the Spark SQL function each stands for
 AGGREGATES: dict[type, str] = {
@@ -120,6 +121,7 @@ class SqlCompiler:
             raise ConfigError(f"views.{name}: SQL syntax error: {str(e).splitlines()[0]}") from e
         if not isinstance(tree, exp.Query):
             raise ConfigError(f"views.{name}: a view is a query (SELECT ...), not {tree.key.upper()}")
+        allowlist.check(tree, name, AGGREGATES, set(self.udas))
         schema = {p.name: {c: "string" for c in p.columns}
                   for p in self.program.predicates.values() if p.kind in ("base", "view")}
         try:
@@ -471,6 +473,15 @@ class SqlCompiler:
         sel = query.this if isinstance(query, exp.Subquery) else query
         if not isinstance(sel, exp.Select):
             raise self._fail("a set operation inside EXISTS/IN")
+        # what reads only the subquery's joins and WHERE would drop (TPC-H Q18's IN over a GROUP BY ...
+        # HAVING must not become "orders that have a line item"): refused until it is compiled
+        # (its DISTINCT changes nothing: EXISTS and IN ask whether a row is there)
+        for part, what in (("group", "GROUP BY"), ("having", "HAVING"), ("with", "WITH"), ("order", "ORDER BY"),
+                           ("limit", "LIMIT"), ("offset", "OFFSET")):
+            if sel.args.get(part) is not None:
+                raise self._fail(f"{what} inside an EXISTS / IN / ANY subquery")
+        if any(e.find(exp.AggFunc) for e in sel.expressions):
+            raise self._fail("an aggregate inside an EXISTS / IN / ANY subquery")
         inner = _Block()
         for j in sel.args.get("joins") or []:
             if j.side:
