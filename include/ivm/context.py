@@ -23,7 +23,7 @@ from ivm.lang import compile_project
 from ivm.maintain import counting, strategy
 from ivm.maintain.groupby import GroupByState
 from ivm.maintain.recompute import Evaluator, as_used
-from ivm.spark import DEFAULT_CONF, session, with_metastore
+from ivm.spark import project_conf, session
 from ivm.storage import Warehouse
 from ivm.stratify import Strata, stratify
 from ivm.zset import expand
@@ -47,8 +47,7 @@ class RunContext:
         if self._start_spark is not None:
             spark = self._start_spark()
         else:  # (the project's settings, its views' names kept in a metastore under the warehouse)
-            conf = with_metastore({**DEFAULT_CONF, **self.config.spark.conf}, self.config.warehouse_uri)
-            spark = session(self.config.spark.model_copy(update={"conf": conf}))
+            spark = session(self.config.spark.model_copy(update={"conf": project_conf(self.config)}))
         register_aggregates(spark, self.config.aggregates)
         return spark
 

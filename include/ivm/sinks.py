@@ -208,9 +208,10 @@ def read_without_jvm(ctx: RunContext, view: str):
     from deltalake import DeltaTable
 
     s = state(ctx, view)
-    if s.delta_version is None or "://" in delta.local_path(s.location):  # (a remote table: through Spark)
+    local = delta.local_path(s.location)
+    if s.delta_version is None or "://" in local:  # (a remote table: through Spark)
         return None
-    dt = DeltaTable(delta.local_path(s.location), version=s.delta_version)
+    dt = DeltaTable(local, version=s.delta_version)
     size = sum(dt.get_add_actions(flatten=True).column("size_bytes").to_pylist())
     schema = pa.schema(dt.schema().to_arrow())
     if (size > SHOW_WITHOUT_JVM_MB * 2**20 or dt.protocol().min_reader_version > 1

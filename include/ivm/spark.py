@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from ivm.config import SparkSettings
+from ivm.config import ProjectConfig, SparkSettings
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +123,13 @@ def with_metastore(conf: dict[str, str], warehouse: str) -> dict[str, str]:
                 f"jdbc:derby:;databaseName={home / 'metastore_db'};create=true",
             "spark.sql.warehouse.dir": str(home / "spark-warehouse"),
             "spark.driver.extraJavaOptions": options}
+
+
+def project_conf(config: ProjectConfig) -> dict[str, str]:
+    """What a project's Spark starts with, in process (`ivm.context.RunContext.spark`) and under the DAG's
+    spark-submits alike: ivm's `DEFAULT_CONF` under the project's ``spark.conf``, with its views' metastore
+    (`with_metastore`; the defaults come first so that its Java option joins their log configuration's)."""
+    return with_metastore({**DEFAULT_CONF, **config.spark.conf}, config.warehouse_uri)
 
 
 #: Hadoop's local file system with permissions set in-process (include/ivm/jvm/NioLocalFileSystem.java,

@@ -210,15 +210,26 @@ def test_views_are_found_by_name_shown_without_a_jvm_and_announced_when_changed(
     assert main(["show", "big", "--format", "csv", "--project", str(p.config.root)]) == 0
     assert capsys.readouterr().out.splitlines() == ["id,cust,amount", "1,ann,70.00"]
     monkeypatch.undo()
-    # applied again: nothing to register anew; a sink moved: its name points at the new table
-    assert not [c for c in p.apply() if "registered" in c]
-    spark.sql("CREATE DATABASE IF NOT EXISTS taken")
-    spark.sql("CREATE TABLE taken.big (x INT) USING parquet")
-    path = write_project(tmp_path / "project", {"orders": {**ORDERS, "source": {"delta": sources["orders"]}},
-                                                "events": {**EVENTS, "source": {"delta": sources["events"]}}},
-                         views=VIEWS, storage={"delta_views": True, "database": "taken"})
+    # applied again: nothing to register anew; a sink moved: its name points at the new table, the old
+    # table's files stay
     from ivm import Project
 
+    assert not [c for c in p.apply() if "registered" in c]
+    tables = {"orders": {**ORDERS, "source": {"delta": sources["orders"]}},
+              "events": {**EVENTS, "source": {"delta": sources["events"]}}}
+    old, moved = sinks.location(p.ctx, "big"), str(tmp_path / "moved" / "big")
+    path = write_project(tmp_path / "project", tables, views={**VIEWS, "big": {**VIEWS["big"], "sink": moved}},
+                         storage={"delta_views": True})
+    again = Project.open(str(path))
+    try:
+        assert [c for c in again.apply() if "registered" in c] == ["view project.big registered in the Spark catalog"]
+    finally:
+        again.close()
+    assert sinks.delta.local_path(spark.sql(f"DESCRIBE DETAIL {db}.big").first()["location"]) == moved
+    assert DeltaTable.is_deltatable(old)
+    spark.sql("CREATE DATABASE IF NOT EXISTS taken")
+    spark.sql("CREATE TABLE taken.big (x INT) USING parquet")
+    path = write_project(tmp_path / "project", tables, views=VIEWS, storage={"delta_views": True, "database": "taken"})
     taken = Project.open(str(path))
     try:
         with pytest.raises(ConfigError, match=r"views\.big: the Spark catalog's taken\.big is a managed table"):

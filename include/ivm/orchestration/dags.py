@@ -40,7 +40,7 @@ from pathlib import Path
 from ivm.config import PROJECT_ENV, ProjectConfig, load_project, resolve_location
 from ivm.errors import ConfigError
 from ivm.orchestration.stages import run_id_for
-from ivm.spark import DEFAULT_CONF, with_delta, with_metastore
+from ivm.spark import project_conf, with_delta
 
 #: where the demo project lives, for a deployment that does not set IVM_PROJECT
 DEMO_PROJECT = Path(__file__).resolve().parents[2] / "views" / "demo" / "ivm.yaml"
@@ -140,7 +140,7 @@ def _dag(dag_id, schedule, job, path, conn_id, views, sources, strata, config, p
     env = {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable, PROJECT_ENV: path}
     # ivm's Spark defaults (quiet logs, no UI, few shuffle partitions) and the project's `spark.conf`;
     # the master is the connection's
-    conf = with_delta(with_metastore({**DEFAULT_CONF, **config.spark.conf}, config.warehouse_uri))
+    conf = with_delta(project_conf(config))
     # Delta's jars go to the driver and the executors (spark-submit --jars)
     jars = conf.pop("spark.jars", "")
     common = {"application": job, "conn_id": conn_id, "env_vars": env, "conf": conf, "retries": 2,
