@@ -111,6 +111,10 @@ class ValidateSettings(_Model):
     sample: int = Field(default=1000, ge=0)
     #: fail: a mismatch blocks the publish and fails the run; warn: publish and flag the run
     policy: Literal["fail", "warn"] = "fail"
+    #: DOUBLE and FLOAT columns of the state and the recomputation agree when
+    #: |a - b| <= tolerance * max(1, |a|, |b|) (sums kept incrementally add in another order than a
+    #: recompute's); DECIMAL, integers and every other type compare exactly
+    tolerance: float = Field(default=1e-9, ge=0, lt=1)
     #: more expectations over the sampled rows (GE's `{type, kwargs}`), e.g.
     #: `{type: expect_column_values_to_be_between, kwargs: {column: n, min_value: 0}}`
     expectations: list[ExpectationSpec] = Field(default_factory=list)

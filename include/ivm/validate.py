@@ -15,25 +15,38 @@ aggregates when the keys are the grouping columns (PushPredicateThroughNonJoin a
 counterpart), down to the scans; where it cannot (a recursive view's fixpoint), the view is
 recomputed and then filtered.
 
-The keys of a view are its declared ``key``, else its GROUP BY columns, else all its columns. The
-comparison holds about twice the sample in rows and is what Great Expectations validates
-(ivm.expectations); it is the only thing brought to the driver, bounded by the sample size.
+The keys of a view are its declared ``key``, else its GROUP BY columns, else all its columns (but
+its DOUBLE and FLOAT ones, when it has others). The comparison holds about twice the sample in rows and
+is what Great Expectations validates (ivm.expectations); it is the only thing brought to the driver,
+bounded by the sample size. DOUBLE and FLOAT values agree within the view's ``validate.tolerance``
+(`reconcile`): a sum kept incrementally adds its terms in another order than a recompute does.
+
+Validation never ends a refresh with a traceback: whatever it records is made JSON (`jsonable`), and
+an unforeseen error while checking a view is that view's failed (or, under ``warn``, warned) check,
+with the error's first line as its problem.
 """
 
 from __future__ import annotations
 
+import base64
+import datetime as dt
+import decimal
 import functools
 import hashlib
 import logging
+import math
 import time
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.types import DoubleType, FloatType, StructType
 
 from ivm.config import COUNT_COLUMN
+from ivm.errors import IvmError, one_line
 from ivm.expectations import EXPECTED, STAGED
 from ivm.ir import GroupBy, Program, Var
 from ivm.maintain.strategy import Form
@@ -54,10 +67,91 @@ BUCKETS = 1_000_000
 ROWS_PER_KEY = 4
 
 
+def jsonable(v):
+    """A value of a comparison row (pandas, numpy, or Spark's Python types) as JSON holds it: dates and
+    timestamps in ISO 8601, DECIMAL as its exact text, binary as base64, arrays and structs as lists and
+    objects, NULL and NaN as null; anything else as its text.
+
+    >>> jsonable({"d": dt.date(1998, 9, 2), "x": decimal.Decimal("1.10"), "b": b"ok", "n": float("nan")})
+    {'d': '1998-09-02', 'x': '1.10', 'b': 'b2s=', 'n': None}
+    """
+    if hasattr(v, "asDict"):  # a struct (pyspark Row)
+        v = v.asDict(recursive=False)
+    elif hasattr(v, "tolist"):  # numpy scalars and arrays
+        v = v.tolist()
+    if v is None or isinstance(v, bool | int | str):
+        return v
+    if isinstance(v, float):
+        return None if math.isnan(v) else v if math.isfinite(v) else str(v)
+    if isinstance(v, dt.date | dt.datetime | dt.time):  # (pandas' Timestamp is a datetime)
+        return None if str(v) == "NaT" else v.isoformat()
+    if isinstance(v, decimal.Decimal):
+        return str(v)
+    if isinstance(v, bytes | bytearray | memoryview):
+        return base64.b64encode(bytes(v)).decode()
+    if isinstance(v, dict):
+        return {str(k): jsonable(x) for k, x in v.items()}
+    if isinstance(v, list | tuple | set | frozenset):
+        return [jsonable(x) for x in v]
+    return None if str(v) in ("NaT", "<NA>") else str(v)
+
+
+def close(a, b, tolerance: float) -> bool:
+    """Whether two DOUBLE/FLOAT values agree: both NULL (or NaN), or |a − b| ≤ tolerance × max(1, |a|, |b|).
+
+    >>> close(0.1 + 0.2, 0.3, 1e-9), close(1e-12, 0.0, 1e-9), close(1.0, 1.001, 1e-9), close(None, 0.0, 1e-9)
+    (True, True, False, False)
+    """
+    a, b = jsonable(a), jsonable(b)
+    if a is None or b is None or isinstance(a, str) or isinstance(b, str):
+        return a == b
+    return abs(a - b) <= tolerance * max(1.0, abs(a), abs(b))
+
+
+def reconcile(rows: pd.DataFrame, floats: Sequence[str], tolerance: float) -> pd.DataFrame:
+    """The comparison with rows that differ only in DOUBLE/FLOAT columns, within ``tolerance``, taken
+    for one: each unit of a row the state holds beyond the recomputation is matched with a unit of a
+    row the recomputation holds beyond the state, equal in every other column and `close` in the
+    floating ones; the match moves that recomputed count onto the state's row (a row left with no
+    count on either side goes). Exact columns group the candidates; the frame is bounded by the sample."""
+    if not floats or rows.empty:
+        return rows
+    diff = rows[STAGED] - rows[EXPECTED]
+    off = rows.index[diff != 0]
+    if len(off) == 0:
+        return rows
+    rows = rows.copy()
+    exact = [c for c in rows.columns if c not in floats and c not in (STAGED, EXPECTED)]
+    groups: dict[tuple, tuple[list, list]] = defaultdict(lambda: ([], []))
+    for i in off:
+        group = tuple(repr(jsonable(rows.at[i, c])) for c in exact)
+        groups[group][0 if diff[i] > 0 else 1].append(i)
+    gone = []
+    for surplus, deficit in groups.values():
+        for i in surplus:
+            for j in deficit:
+                need, spare = rows.at[i, STAGED] - rows.at[i, EXPECTED], rows.at[j, EXPECTED] - rows.at[j, STAGED]
+                if need <= 0:
+                    break
+                if spare > 0 and all(close(rows.at[i, c], rows.at[j, c], tolerance) for c in floats):
+                    n = min(need, spare)
+                    rows.at[i, EXPECTED] += n
+                    rows.at[j, EXPECTED] -= n
+                    if rows.at[j, STAGED] == 0 and rows.at[j, EXPECTED] == 0:
+                        gone.append(j)
+    return rows.drop(index=gone)
+
+
+def floating(schema: StructType) -> list[str]:
+    """The DOUBLE and FLOAT columns of a schema (compared within a tolerance)."""
+    return [f.name for f in schema.fields if isinstance(f.dataType, DoubleType | FloatType)]
+
+
 @dataclass
 class Comparison:
     """A view's sampled comparison: the rows (view columns, ``__staged``, ``__expected`` counts; 0 where
-    a side lacks the row) as a pandas frame, and what was asked for."""
+    a side lacks the row) as a pandas frame, and what was asked for. The rows are reconciled
+    (`reconcile`) on the ``floats`` columns within ``tolerance`` before the mismatches are found."""
 
     view: str
     keys: list[str]
@@ -66,16 +160,19 @@ class Comparison:
     rows: pd.DataFrame
     truncated: bool
     seconds: float = 0.0
+    floats: Sequence[str] = ()
+    tolerance: float = 0.0
     mismatches: pd.DataFrame = field(init=False)
 
     def __post_init__(self) -> None:
+        self.rows = reconcile(self.rows, self.floats, self.tolerance)
         self.mismatches = self.rows[self.rows[STAGED] != self.rows[EXPECTED]]
 
     def examples(self, limit: int = 10) -> list[dict]:
         """The first mismatching rows: the row's columns, its count in the state and in the recomputation."""
         out = []
         for rec in self.mismatches.head(limit).to_dict("records"):
-            row = {k: _plain(v) for k, v in rec.items() if k not in (STAGED, EXPECTED)}
+            row = {k: jsonable(v) for k, v in rec.items() if k not in (STAGED, EXPECTED)}
             out.append({"row": row, "staged": int(rec[STAGED]), "expected": int(rec[EXPECTED])})
         return out
 
@@ -88,24 +185,15 @@ class Comparison:
             f" (and {more} more)" if more > 0 else "")
 
 
-def _plain(v):
-    """A pandas/numpy value as JSON would hold it."""
-    if hasattr(v, "item"):
-        v = v.item()
-    if isinstance(v, float) and v != v:  # NaN: pandas' NULL
-        return None
-    if hasattr(v, "tolist"):
-        return v.tolist()
-    return v
-
-
 def _row(row: dict) -> str:
     return "(" + ", ".join(f"{k}={v!r}" for k, v in row.items()) + ")"
 
 
-def key_columns(program: Program, view: str, declared: Sequence[str] | None) -> list[str]:
+def key_columns(program: Program, view: str, declared: Sequence[str] | None, floats: Sequence[str] = ()) -> list[str]:
     """The columns a view's sample is drawn on: its declared key, else its GROUP BY columns (the
-    grouping variables in the head of its one aggregate rule), else all its columns."""
+    grouping variables in the head of its one aggregate rule), else all its columns but ``floats``
+    (its DOUBLE/FLOAT ones, whose rounding would put the state's and the recomputation's row of one key
+    in different samples) unless they are all it has."""
     if declared:
         return list(declared)
     columns = program.predicates[view].columns
@@ -117,7 +205,7 @@ def key_columns(program: Program, view: str, declared: Sequence[str] | None) -> 
             keys = [c for c, a in zip(columns, rules[0].head.args, strict=True) if isinstance(a, Var) and a.name in by]
             if len(keys) == len(by):
                 return keys
-    return list(columns)
+    return [c for c in columns if c not in floats] or list(columns)
 
 
 @dataclass
@@ -154,9 +242,11 @@ def key_sample(keys: list[str], sample: int, rows_estimate: int, touched: DataFr
     return ks
 
 
-def compare(staged: DataFrame, expected: DataFrame, view: str, ks: KeySample, sample: int) -> Comparison:
+def compare(staged: DataFrame, expected: DataFrame, view: str, ks: KeySample, sample: int,
+            tolerance: float = 0.0) -> Comparison:
     """Compare the consolidated Z-sets ``staged`` (the view's state) and ``expected`` (its
-    recomputation, unrestricted) on the keys of ``ks``: one Spark job, its result on the driver."""
+    recomputation, unrestricted) on the keys of ``ks``: one Spark job, its result on the driver, where
+    DOUBLE/FLOAT columns agree within ``tolerance`` (`reconcile`)."""
     started = time.perf_counter()
     columns = [F.col(f"`{c}`") for c in staged.columns if c != COUNT_COLUMN]
     zero = F.lit(0).cast("long")
@@ -171,7 +261,8 @@ def compare(staged: DataFrame, expected: DataFrame, view: str, ks: KeySample, sa
     if truncated:
         log.warning("validate: %s: the comparison has more than %d rows; checked the first %d", view, cap, cap)
         rows = rows.head(cap)
-    return Comparison(view, ks.keys, sample, len(ks.touched), rows, truncated, time.perf_counter() - started)
+    return Comparison(view, ks.keys, sample, len(ks.touched), rows, truncated, time.perf_counter() - started,
+                      floating(staged.schema), tolerance)
 
 
 # -- checking views: the validate stage of a run, and `ivm validate` ------------------------------------
@@ -206,10 +297,10 @@ class ViewCheck:
     def summary(self) -> dict:
         """What the catalog keeps of the check (ivm_validations.summary)."""
         c = self.comparison
-        return {"problem": self.problem, "sample": self.sample, "seconds": round(self.seconds, 3),
-                "keys": c.keys if c else [], "touched": c.touched if c else 0, "rows": len(c.rows) if c else 0,
-                "truncated": c.truncated if c else False, "mismatches": c.examples() if c else [],
-                "expectations": self.expectations}
+        return jsonable({"problem": self.problem, "sample": self.sample, "seconds": round(self.seconds, 3),
+                         "keys": c.keys if c else [], "touched": c.touched if c else 0,
+                         "rows": len(c.rows) if c else 0, "truncated": c.truncated if c else False,
+                         "mismatches": c.examples() if c else [], "expectations": self.expectations})
 
 
 def negative_counts(ctx: RunContext, states: list[ViewState]) -> dict[str, str]:
@@ -253,13 +344,19 @@ def check_views(ctx: RunContext, run_id: str, states: list[ViewState], tables: d
     sample is 0) its sampled comparison with the recomputation from ``tables`` (table -> the layers of
     its state at the same snapshot), validated by its Great Expectations suite. Each result goes to
     the catalog (ivm_validations) with the view's policy applied: failed, or warned under ``warn``.
-    ``sample`` overrides the views' ``validate.sample``."""
-    from ivm.expectations import run_suite
-    from ivm.maintain.recompute import Evaluator, as_used
+    ``sample`` overrides the views' ``validate.sample``. An error of the checking itself (not a
+    problem of the project, which stays an IvmError) is the view's problem, in one line."""
+    from ivm.maintain.recompute import Evaluator
 
     program, strata = ctx.program
     scratch = Scratch(ctx.warehouse, ctx.spark, f"{run_id}/validate")
-    negative = negative_counts(ctx, states)
+    try:
+        negative, broken = negative_counts(ctx, states), None
+    except IvmError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any failure of the check is the views' failed validation
+        log.warning("validate: the negative-count check could not run", exc_info=True)
+        negative, broken = {}, f"the negative-count check could not run: {one_line(e)}"
     seed = int(hashlib.sha1(run_id.encode()).hexdigest()[:8], 16)
 
     @functools.cache
@@ -273,30 +370,16 @@ def check_views(ctx: RunContext, run_id: str, states: list[ViewState], tables: d
         started = time.perf_counter()
         config = ctx.config.views[st.view]
         n = config.validate_.sample if sample is None else sample
-        check = ViewCheck(st.view, "passed", n, negative.get(st.view))
+        check = ViewCheck(st.view, "passed", n, negative.get(st.view, broken))
         if n > 0:
-            schema = ctx.schema(st.view)
-            # (as the negative-count check, the comparison lists the layers' files anew: what is on disk)
-            staged = consolidate(ctx.warehouse.read_layers(ctx.spark, st.paths, schema, reuse=False))
-            keys = key_columns(program, st.view, config.key)
-            touched = ctx.warehouse.read_layers(ctx.spark, [st.delta], schema, reuse=False) if st.delta else None
-            ks = key_sample(keys, n, st.rows, touched, seed)
-            expected = full().relation(st.view)
-            if st.form == Form.PRESENCE:  # stored without counts: each tuple once
-                expected = as_used(program.predicates[st.view], expected)
-            check.comparison = c = compare(staged, expected, st.view, ks, n)
-            suite = run_suite(ctx.warehouse.uri, run_id, st.view, c.rows, list(schema.names), config.key,
-                              [e.model_dump() for e in config.validate_.expectations])
-            check.expectations, check.report_uri = suite.results, suite.report_uri
-            failed = [r for r in suite.results if not r["success"]]
-            if len(c.mismatches):
-                check.problem = "; ".join(filter(None, [check.problem, c.describe()]))
-            elif failed and check.problem is None:
-                check.problem = "expectation " + "; ".join(
-                    f"{r['expectation']}"
-                    f"({', '.join(f'{k}={v}' for k, v in r['kwargs'].items() if k.startswith('column'))})"
-                    f" failed for {r['unexpected'] if r['unexpected'] is not None else r['observed']} rows"
-                    for r in failed[:3])
+            try:
+                _sampled(ctx, run_id, st, check, full, seed)
+            except IvmError:
+                raise
+            except Exception as e:  # noqa: BLE001 - as above: one line, the view's failed validation
+                log.warning("validate: %s: the sampled recomputation could not run", st.view, exc_info=True)
+                check.problem = "; ".join(filter(None, [check.problem,
+                                                        f"the sampled recomputation could not run: {one_line(e)}"]))
         if check.problem is not None:
             check.status = "warned" if config.validate_.policy == "warn" else "failed"
         check.seconds = time.perf_counter() - started
@@ -306,7 +389,39 @@ def check_views(ctx: RunContext, run_id: str, states: list[ViewState], tables: d
         progress(f"validate: {st.view}: {check.status}"
                  + (f", {len(c.rows)} sampled rows ({c.touched} touched keys) against the recomputation, "
                     f"{sum(r['success'] for r in check.expectations)}/{len(check.expectations)} expectations met"
-                    if c else ", no sampled recomputation (sample 0)")
+                    if c else ", no sampled recomputation (sample 0)" if n == 0 else "")
                  + (f": {check.problem}" if check.problem else "") + f" ({check.seconds:.2f} s)")
         checks.append(check)
     return checks
+
+
+def _sampled(ctx: RunContext, run_id: str, st: ViewState, check: ViewCheck, full: Callable, seed: int) -> None:
+    """A view's sampled comparison with the recomputation (``full()``: the evaluator over the tables'
+    states) and its Great Expectations suite, into ``check``."""
+    from ivm.expectations import run_suite
+    from ivm.maintain.recompute import as_used
+
+    program, _ = ctx.program
+    config = ctx.config.views[st.view]
+    schema = ctx.schema(st.view)
+    # (as the negative-count check, the comparison lists the layers' files anew: what is on disk)
+    staged = consolidate(ctx.warehouse.read_layers(ctx.spark, st.paths, schema, reuse=False))
+    keys = key_columns(program, st.view, config.key, floating(schema))
+    touched = ctx.warehouse.read_layers(ctx.spark, [st.delta], schema, reuse=False) if st.delta else None
+    ks = key_sample(keys, check.sample, st.rows, touched, seed)
+    expected = full().relation(st.view)
+    if st.form == Form.PRESENCE:  # stored without counts: each tuple once
+        expected = as_used(program.predicates[st.view], expected)
+    check.comparison = c = compare(staged, expected, st.view, ks, check.sample, config.validate_.tolerance)
+    suite = run_suite(ctx.warehouse.uri, run_id, st.view, c.rows, list(schema.names), config.key,
+                      [e.model_dump() for e in config.validate_.expectations])
+    check.expectations, check.report_uri = suite.results, suite.report_uri
+    failed = [r for r in suite.results if not r["success"]]
+    if len(c.mismatches):
+        check.problem = "; ".join(filter(None, [check.problem, c.describe()]))
+    elif failed and check.problem is None:
+        check.problem = "expectation " + "; ".join(
+            f"{r['expectation']}"
+            f"({', '.join(f'{k}={v}' for k, v in r['kwargs'].items() if k.startswith('column'))})"
+            f" failed for {r['unexpected'] if r['unexpected'] is not None else r['observed']} rows"
+            for r in failed[:3])

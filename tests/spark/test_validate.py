@@ -138,3 +138,27 @@ def test_a_delta_deleting_what_is_not_there_fails_the_negative_count_check(make_
     with pytest.raises(ValidationError, match="nothing was published"):
         publish_stage(p.ctx, run_id)
     assert p.catalog.state("per_k").version_id == before
+
+
+@pytest.mark.parametrize("policy", ["fail", "warn"])
+def test_an_error_inside_validation_is_a_failed_check_in_one_line(make_project, tmp_path, monkeypatch, policy):
+    """Whatever goes wrong while checking a view (here Great Expectations raising) ends as the view's
+    failed validation (warned under ``warn``, which publishes) with the error's first line: no traceback."""
+    import ivm.expectations
+
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("the suite broke\nat some depth")
+
+    p = setup(make_project, tmp_path, policy)
+    monkeypatch.setattr(ivm.expectations, "run_suite", broken)
+    if policy == "fail":
+        with pytest.raises(ValidationError, match=r"^view (joined|per_k): the sampled recomputation could not run: "
+                                                   r"the suite broke after run .*; nothing was published$"):
+            p.refresh()
+    else:
+        assert p.refresh().status == "succeeded"
+    checks = {c.view: (c.status, c.summary["problem"]) for c in p.catalog.validations()
+              if c.run_id == p.runs(1)[0].id}
+    status = "failed" if policy == "fail" else "warned"
+    problem = "the sampled recomputation could not run: the suite broke"
+    assert checks == {v: (status, problem) for v in ["per_k", "joined"]}
