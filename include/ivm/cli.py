@@ -52,6 +52,39 @@ def cmd_log_append(args) -> int:
     return 0
 
 
+def cmd_log_quarantine(args) -> int:
+    _out(_open(args).quarantine(args.table, args.version, args.reason))
+    return 0
+
+
+def cmd_log_restore(args) -> int:
+    _out(_open(args).restore(args.table, args.version))
+    return 0
+
+
+def cmd_log_list(args) -> int:
+    from ivm.changes.delta import named_version
+
+    project = _open(args)
+    listing = project.log_listing(args.table)
+    table = project.config.tables[args.table]
+    if listing.delta_source:
+        _out(f"{args.table} reads a Delta table: its log is the table's change data feed "
+             f"(absorbed up to Delta version {named_version(table, listing.absorbed)})")
+    else:
+        rows = [[s.id, f"{s.min_commit_version}..{s.max_commit_version}", s.rows, f"{s.appended_at:%Y-%m-%d %H:%M:%S}",
+                 "absorbed" if s.max_commit_version <= listing.absorbed else "pending"] for s in listing.segments]
+        _out(tabulate(rows, headers=["segment", "commit versions", "changes", "appended (UTC)", "state"],
+                      tablefmt="simple") if rows else f"{args.table}: no log segments")
+    if listing.quarantined:
+        _out("quarantined (skipped by every refresh):")
+        _out(tabulate([[named_version(table, q.commit_version), q.by, q.run_id or "",
+                        "" if q.restored_as is None else f"as commit version {q.restored_as}", q.reason]
+                       for q in listing.quarantined],
+                      headers=["version", "by", "run", "restored", "reason"], tablefmt="simple"))
+    return 0
+
+
 def cmd_refresh(args) -> int:
     project = _open(args)
     result = project.refresh(args.views or None, mode=args.mode, progress=_out)
@@ -164,11 +197,20 @@ def cmd_runs(args) -> int:
         table.append([run.id, run.kind, run.status, run.mode or "",
                       ", ".join(f"{k}@{v}" for k, v in sorted(run.snapshot.items()) if k in run.relations),
                       deltas, views, "\n".join(checks.get(run.id, [])), f"{seconds:.2f}" if seconds is not None else "",
-                      (run.error or "")[:80]])
+                      (run.error or _notes(run))[:120]])
     _out(tabulate(table, headers=["run", "kind", "status", "mode", "snapshot", "table deltas",
-                                  "views (mode, changed tuples, time)", "validation", "seconds", "error"],
+                                  "views (mode, changed tuples, time)", "validation", "seconds", "error or note"],
                   tablefmt="simple") if table else "no runs yet")
     return 0
+
+
+def _notes(run) -> str:
+    """What a run set aside or put back (ivm.changes.quarantine), with the reason, for `ivm runs`."""
+    notes = [f"{s.stage} {s.relation} version {s.detail['version']}: {s.detail['reason']}"
+             for s in run.stages if s.stage in ("quarantine", "restore")]
+    notes += [f"set aside {s.relation} commit {q['version']}: {q['reason']}"
+              for s in run.stages if s.stage == "trim" for q in s.detail.get("quarantined", [])]
+    return "; ".join(notes)
 
 
 def cmd_compact(args) -> int:
@@ -215,6 +257,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cdf: the table's columns + _change_type [+ _commit_version] (default); "
                         "debezium: Debezium change events, JSON lines")
     p.set_defaults(func=cmd_log_append)
+    p = log_sub.add_parser("list", parents=[common], help="a table's log segments and quarantined commits")
+    p.add_argument("table")
+    p.set_defaults(func=cmd_log_list)
+    p = log_sub.add_parser("quarantine", parents=[common],
+                           help="set a commit that does not apply aside, so refreshes go on without it")
+    p.add_argument("table")
+    p.add_argument("--version", type=int, required=True,
+                   help="the commit version the refused refresh named (a Delta source's Delta version)")
+    p.add_argument("--reason", help="why (default: the refused refresh's error)")
+    p.set_defaults(func=cmd_log_quarantine)
+    p = log_sub.add_parser("restore", parents=[common], help="put a quarantined commit back")
+    p.add_argument("table")
+    p.add_argument("--version", type=int, required=True, help="the quarantined commit's version")
+    p.set_defaults(func=cmd_log_restore)
 
     p = sub.add_parser("refresh", parents=[common], help="bring tables and views to the newest snapshot")
     p.add_argument("views", nargs="*", metavar="VIEW", help="only these views and what they read (default: all)")

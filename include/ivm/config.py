@@ -155,6 +155,10 @@ class TableConfig(_Model):
     references: dict[str, str] = Field(default_factory=dict)
     nested: dict[str, NestedReference] = Field(default_factory=dict)
     source: SourceConfig | None = None
+    #: a change that does not apply to the table (a delete of a row that is not there, ...): ``fail``
+    #: refuses the refresh, naming it; ``quarantine`` sets its commit aside (listed by `ivm log list`,
+    #: put back by `ivm log restore`) and the refresh goes on without it
+    on_bad_change: Literal["fail", "quarantine"] = "fail"
 
     @field_validator("columns")
     @classmethod

@@ -25,6 +25,16 @@ class ChangeDataError(IvmError):
     exit_code = 3
 
 
+class BadChange(ChangeDataError):
+    """A change of a table's log that does not apply to the table as stored (a refresh's trim): the
+    commit it belongs to is named, so it can be set aside (`ivm log quarantine`)."""
+
+    def __init__(self, message: str, table: str, version: int, reason: str):
+        super().__init__(message)
+        #: the table, the commit version in ivm's numbering, and what is wrong (the row and the problem)
+        self.table, self.version, self.reason = table, version, reason
+
+
 class LeaseError(IvmError):
     """Another run holds the refresh lease on a relation this run must write."""
 

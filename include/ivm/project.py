@@ -11,7 +11,7 @@ from pyspark.sql.types import StructType
 from ivm import compaction, explain, gc, sinks
 from ivm.catalog import Catalog
 from ivm.catalog.models import Run
-from ivm.changes import delta, ingest
+from ivm.changes import delta, ingest, quarantine
 from ivm.config import ProjectConfig, TableConfig, load_project
 from ivm.context import RunContext
 from ivm.errors import ConfigError, NotFoundError
@@ -184,6 +184,21 @@ class Project:
         """`ivm log append`: validate and store a change file as the table's next log segment."""
         cfg = self._loaded_here(table)
         return ingest.append_log(self.spark, self.catalog, self.warehouse, table, cfg, path, fmt)
+
+    def quarantine(self, table: str, version: int, reason: str | None = None) -> str:
+        """`ivm log quarantine`: set a commit (a Delta source's Delta version) aside (ivm.changes.quarantine)."""
+        self.table(table)
+        return quarantine.set_aside(self.catalog, self.config, table, version, reason)
+
+    def restore(self, table: str, version: int) -> str:
+        """`ivm log restore`: put a quarantined commit back (ivm.changes.quarantine)."""
+        self.table(table)
+        return quarantine.restore(self.spark, self.catalog, self.warehouse, self.config, table, version)
+
+    def log_listing(self, table: str) -> quarantine.LogListing:
+        """`ivm log list`: the table's log segments and quarantined commits."""
+        self.table(table)
+        return quarantine.listing(self.catalog, self.config, table)
 
     # -- runs ------------------------------------------------------------------------------------
 

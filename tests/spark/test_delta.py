@@ -258,3 +258,24 @@ def test_a_source_named_in_the_spark_catalog(make_project, spark, tmp_path):
         with pytest.raises(ConfigError, match=message):
             make_project({"orders": {**ORDERS, "source": {"table": source}}}, root=tmp_path / "q",
                          views={"big": VIEWS["big"]})
+
+
+def test_a_bad_commit_of_a_delta_source_is_named_by_its_delta_version_and_set_aside(make_project, spark, tmp_path):
+    """Delta enforces no primary key: an append of an existing id is an insert of a key that exists for
+    ivm. The refusal names the Delta version; quarantined by that version, the refreshes go on; it
+    cannot be restored once absorbed (the source's versions are its table's)."""
+    p, sources = project_with_sources(make_project, spark, tmp_path, [(1, "ann", Decimal("60.00"), DAYS[0])],
+                                      [(DAYS[0], "click", 1.0)])
+    p.refresh()
+    rows = lambda r: spark.createDataFrame(r, DDL["orders"]).write.format("delta").mode("append")  # noqa: E731
+    rows([(1, "dup", Decimal("99.00"), DAYS[1])]).save(sources["orders"])  # Delta version 1
+    rows([(2, "bob", Decimal("80.00"), DAYS[1])]).save(sources["orders"])  # Delta version 2
+    with pytest.raises(ChangeDataError, match=r"^table orders: Delta version 1, row \(id=1, cust='dup', .*insert "
+                                              r"of a key that exists .*`ivm log quarantine orders --version 1`\)$"):
+        p.refresh()
+    assert "Delta version 1 is set aside" in p.quarantine("orders", 1)
+    assert p.refresh().status == "succeeded"
+    assert sorted(tuple(r) for r in p.read("big").collect()) == [(1, "ann", Decimal("60.00")),
+                                                                 (2, "bob", Decimal("80.00"))]
+    with pytest.raises(ChangeDataError, match="a Delta source's versions are its table's: correct the Delta table"):
+        p.restore("orders", 1)

@@ -90,7 +90,8 @@ def test_bad_change_refuses_the_whole_refresh_and_a_late_commit_repairs_it(proje
     with pytest.raises(ChangeDataError) as e:
         project.refresh()
     assert str(e.value) == ("table acct: commit version 20, row (id=9, owner='zed', balance=1): "
-                            "delete of a row that is not there; nothing was applied")
+                            "delete of a row that is not there; nothing was applied (to go on without it: "
+                            "`ivm log quarantine acct --version 20`)")
     assert touched(project) == before  # not even the good table moved: all or nothing
     failed = project.runs(1)[0]
     assert failed.status == "failed" and "commit version 20" in failed.error

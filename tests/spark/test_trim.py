@@ -272,7 +272,8 @@ def test_error_names_table_commit_and_row(spark):
     with pytest.raises(ChangeDataError) as e:
         run_trim(spark, KEYED, [((1, "a"), 1)], [("insert", 2, "b", 7), ("insert", 1, "c", 8)])
     assert str(e.value) == ("table t: commit version 8, row (k=1, v='c'): insert of a key that exists "
-                            '(stored row {"k":1,"v":"a"}); nothing was applied')
+                            '(stored row {"k":1,"v":"a"}); nothing was applied (to go on without it: '
+                            '`ivm log quarantine t --version 8`)')
 
 
 @pytest.mark.parametrize("table", [KEYED, BAG], ids=["keyed", "bag"])

@@ -146,6 +146,27 @@ class LogSegment(Base):
     key_bounds: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
 
+class QuarantinedCommit(Base):
+    """A commit of a table's log set aside (`ivm log quarantine`, or the table's ``on_bad_change:
+    quarantine`` policy): kept in its segment, skipped by every refresh's trim, listed with its reason."""
+
+    __tablename__ = "ivm_quarantine"
+
+    table_name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    #: the commit version in ivm's numbering (a Delta source's Delta version + 1)
+    commit_version: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    reason: Mapped[str] = mapped_column(Text)
+    #: "command" (`ivm log quarantine`) or "policy" (``on_bad_change: quarantine``)
+    by: Mapped[str] = mapped_column(String(16))
+    #: the run that refused it (policy), else None
+    run_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    quarantined_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    #: after `ivm log restore` past the refreshes that skipped it: the commit version its changes were
+    #: appended again as (the original stays skipped)
+    restored_as: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    restored_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
 class Watermark(Base):
     """The last commit version of ``source_table``'s log that ``relation`` has absorbed."""
 

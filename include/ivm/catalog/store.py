@@ -26,6 +26,7 @@ from ivm.catalog.models import (
     Layer,
     Lease,
     LogSegment,
+    QuarantinedCommit,
     Relation,
     RelationVersion,
     Run,
@@ -37,8 +38,8 @@ from ivm.catalog.models import (
     Watermark,
     utcnow,
 )
-from ivm.errors import CatalogError, ChangeDataError, LeaseError, one_line
-from ivm.storage import WrittenLayer
+from ivm.errors import CatalogError, ChangeDataError, LeaseError, NotFoundError, one_line
+from ivm.storage import WrittenLayer, new_id
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,19 @@ class SegmentRef:
     appended_at: datetime
     #: where its keys fall (`ivm.changes.trim.segment_bounds`), or None when not known
     key_bounds: dict | None = None
+
+
+@dataclass(frozen=True)
+class QuarantineRef:
+    """A commit set aside (ivm.catalog.models.QuarantinedCommit)."""
+
+    table: str
+    commit_version: int
+    reason: str
+    by: str
+    run_id: str | None = None
+    quarantined_at: datetime | None = None
+    restored_as: int | None = None
 
 
 @dataclass
@@ -261,14 +275,16 @@ class Catalog:
             return _segment_ref(seg) if seg else None
 
     def add_segment(self, table: str, path: str, source: str, source_format: str, content_hash: str,
-                    min_version: int, max_version: int, rows: int, key_bounds: dict | None = None) -> SegmentRef:
+                    min_version: int, max_version: int, rows: int, key_bounds: dict | None = None,
+                    restores: int | None = None) -> SegmentRef:
         """Record an appended segment: the commit point of `ivm log append`.
 
         Commit versions normally come after the log's last one. A late commit (out-of-order delivery,
         or the missing change a refused refresh asked for) may fill a gap below it, provided no
         relation has absorbed that far, no segment holds versions in its range, and no run is
         refreshing the table. The (table, source, content hash) constraint makes appending the same
-        file twice a no-op even when two appends race.
+        file twice a no-op even when two appends race. ``restores``: the segment holds the changes of that
+        quarantined commit, appended again (`ivm log restore`), which the same transaction records.
         """
         with self.session() as s:
             newest = s.scalar(select(func.max(LogSegment.max_commit_version))
@@ -294,6 +310,12 @@ class Catalog:
                              content_hash=content_hash, min_commit_version=min_version,
                              max_commit_version=max_version, rows=rows, key_bounds=key_bounds)
             s.add(seg)
+            if restores is not None:
+                record = s.get(QuarantinedCommit, (table, restores), with_for_update=True)
+                if record is None or record.restored_as is not None:
+                    raise ChangeDataError(f"table {table}: commit version {restores} is not quarantined (restored "
+                                          "meanwhile?); nothing was stored")
+                record.restored_as, record.restored_at = min_version, utcnow()
             s.flush()
             return _segment_ref(seg)
 
@@ -306,6 +328,66 @@ class Catalog:
                                     LogSegment.min_commit_version <= upto)
                              .order_by(LogSegment.min_commit_version))
             return [_segment_ref(r) for r in rows]
+
+    def absorbed(self, table: str) -> int:
+        """The newest commit version of the table that any relation has absorbed (0: none)."""
+        with self.session() as s:
+            return int(s.scalar(select(func.max(Watermark.commit_version))
+                                .where(Watermark.source_table == table)) or 0)
+
+    # -- quarantined commits -----------------------------------------------------------------------
+
+    def quarantined(self, table: str | None = None) -> list[QuarantineRef]:
+        """The commits set aside (of one table, or all), in commit order: every refresh's trim skips
+        them, the restored ones too (their changes were appended again under a new version)."""
+        with self.session() as s:
+            q = select(QuarantinedCommit).order_by(QuarantinedCommit.table_name, QuarantinedCommit.commit_version)
+            if table is not None:
+                q = q.where(QuarantinedCommit.table_name == table)
+            return [QuarantineRef(r.table_name, int(r.commit_version), r.reason, r.by, r.run_id,
+                                  aware(r.quarantined_at), None if r.restored_as is None else int(r.restored_as))
+                    for r in s.scalars(q)]
+
+    def quarantine(self, table: str, version: int, reason: str, by: str = "command") -> None:
+        """Set a commit aside (`ivm log quarantine`), recorded as a run of kind ``quarantine`` with its
+        reason. Refused for a commit some relation has absorbed already, one set aside already, and
+        while a run is refreshing the table (its trim read the log under its lease)."""
+        self._log_action(table, version, "quarantine", reason, by=by)
+
+    def unquarantine(self, table: str, version: int, reason: str) -> None:
+        """Put a quarantined commit back where it was (`ivm log restore` before any relation has
+        absorbed it), recorded as a run of kind ``restore``."""
+        self._log_action(table, version, "restore", reason)
+
+    def _log_action(self, table: str, version: int, action: str, reason: str, by: str = "command") -> None:
+        now = utcnow()
+        with self.session() as s:
+            lease = s.get(Lease, table)
+            if lease is not None:
+                raise LeaseError(f"table {table} is being refreshed by run {lease.run_id}; try again after it ends")
+            absorbed = s.scalar(select(func.max(Watermark.commit_version))
+                                .where(Watermark.source_table == table)) or 0
+            record = s.get(QuarantinedCommit, (table, version))
+            if action == "quarantine":
+                if record is not None:
+                    raise ChangeDataError(f"table {table}: commit version {version} is quarantined already")
+                if version <= absorbed:
+                    raise ChangeDataError(f"table {table}: commit version {version} was absorbed already (the "
+                                          f"tables and views hold up to {absorbed}); nothing to set aside")
+                s.add(QuarantinedCommit(table_name=table, commit_version=version, reason=reason, by=by,
+                                        quarantined_at=now))
+            else:
+                if record is None or record.restored_as is not None:
+                    raise NotFoundError(f"table {table}: commit version {version} is not quarantined")
+                if version <= absorbed:
+                    raise ChangeDataError(f"table {table}: commit version {version} lies below what was absorbed "
+                                          f"since ({absorbed}); restore appends it again as a new commit")
+                s.delete(record)
+            run_id = new_id(f"{action}-")
+            s.add(Run(id=run_id, kind=action, status="succeeded", snapshot={table: version}, relations=[table],
+                      started_at=now, finished_at=now))
+            s.add(RunStage(run_id=run_id, stage=action, relation=table, detail={"version": version, "reason": reason},
+                           started_at=now))
 
     def all_segments(self) -> list[SegmentRef]:
         with self.session() as s:
@@ -465,14 +547,16 @@ class Catalog:
 
     def publish(self, run_id: str, changes: Sequence[PublishChange],
                 watermarks: dict[tuple[str, str], int], stages: Sequence[StageRecord] = (),
-                status: str = "succeeded", consistent: dict[str, dict[tuple[str, str], int]] | None = None
-                ) -> dict[str, int]:
+                status: str = "succeeded", consistent: dict[str, dict[tuple[str, str], int]] | None = None,
+                quarantined: Sequence[QuarantineRef] = ()) -> dict[str, int]:
         """The commit point: new versions of every changed relation, watermarks, and the run's outcome,
         in one transaction. Returns the new version number of each relation.
 
         ``consistent``: relation -> the watermarks that make its state the run's snapshot; the versions
         of the relations whose watermarks match, once this run's are in, are recorded with the run (its
-        ``publish`` stage), so a replay can later start from them (ivm.refresh)."""
+        ``publish`` stage), so a replay can later start from them (ivm.refresh). ``quarantined``: the
+        commits the run's trims set aside under ``on_bad_change: quarantine``, recorded with it (a
+        run that fails sets none aside)."""
         now = utcnow()
         published: dict[str, int] = {}
         with self.session() as s:
@@ -515,6 +599,9 @@ class Catalog:
                     wm.commit_version, wm.updated_at = commit_version, now
             for stage in stages:
                 s.add(RunStage(run_id=run_id, **stage.__dict__))
+            for q in quarantined:
+                s.merge(QuarantinedCommit(table_name=q.table, commit_version=q.commit_version, reason=q.reason,
+                                          by=q.by, run_id=run_id, quarantined_at=now))
             if consistent is not None:
                 s.flush()
                 marks = {(w.relation, w.source_table): int(w.commit_version) for w in s.scalars(select(Watermark))}

@@ -25,6 +25,7 @@ with count 1) wherever it reads layers, and neither compaction nor garbage colle
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -68,6 +69,16 @@ def ivm_version(delta_version: int) -> int:
 
 def delta_version(ivm_version: int) -> int:
     return ivm_version - 1
+
+
+def named_version(table: TableConfig, version: int) -> int:
+    """A commit version (ivm's numbering) as users name it: a Delta source's Delta version."""
+    return delta_version(version) if is_delta(table) else version
+
+
+def from_named_version(table: TableConfig, named: int) -> int:
+    """The commit version (ivm's numbering) of a version as users name it (`named_version`)."""
+    return ivm_version(named) if is_delta(table) else named
 
 
 def local_path(uri: str) -> str:
@@ -170,10 +181,12 @@ def read_version(spark: SparkSession, path: str, schema: StructType) -> DataFram
                      F.lit(1).cast("long").alias(COUNT_COLUMN))
 
 
-def changes(spark: SparkSession, name: str, table: TableConfig, where: str, after: int, upto: int) -> DataFrame:
+def changes(spark: SparkSession, name: str, table: TableConfig, where: str, after: int, upto: int,
+            skip: Collection[int] = ()) -> DataFrame:
     """The change data feed of Delta versions ``after`` + 1 .. ``upto`` as ivm's change log (the declared
     columns, ``_change_type``, ``_commit_version`` as ivm counts it, ``_seq`` ordering each commit's
-    removals before its additions). Raises ChangeDataError when those versions' feed is gone."""
+    removals before its additions), but the commits of ``skip`` (quarantined: ivm's numbers). Raises
+    ChangeDataError when those versions' feed is gone."""
     earliest = min((int(c["version"]) for c in _table(where, name).history()), default=0)
     if after + 1 < earliest:
         raise ChangeDataError(
@@ -186,6 +199,9 @@ def changes(spark: SparkSession, name: str, table: TableConfig, where: str, afte
     # a row once: a pre- and a postimage, a delete or an insert), so ivm's update-image pairing
     # (ivm.changes.trim) sees each preimage before its postimage
     order = F.when(F.col("_change_type").isin("update_preimage", "delete"), 0).otherwise(1)
+    skip = sorted(delta_version(v) for v in skip if after < delta_version(v) <= upto)
+    if skip:
+        feed = feed.where(~F.col("_commit_version").isin(skip))
     return feed.select(*[F.col(f"`{c}`").cast(t).alias(c) for c, t in table.columns.items()],
                        F.col("_change_type").alias(CHANGE_TYPE),
                        (F.col("_commit_version") + 1).cast("long").alias(COMMIT_VERSION),

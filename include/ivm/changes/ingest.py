@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,21 +119,29 @@ def append_log(spark: SparkSession, catalog: Catalog, warehouse: Warehouse, name
                                   f"{COMMIT_VERSION} while other rows do; nothing was stored")
         else:  # the catalog checks the range when it records the segment
             lo, hi = int(stats.lo), int(stats.hi)
-        bounds = segment_key_bounds(catalog, name, table, changes)
-        segment_path = warehouse.log_path(name, new_id(f"{lo:020d}-"))
-        (changes.select(*[F.col(f"`{c}`") for c in table.columns], F.col(CHANGE_TYPE),
-                        F.coalesce(F.col(COMMIT_VERSION), F.lit(lo).cast("long")).alias(COMMIT_VERSION),
-                        F.col(SEQ))
-                .coalesce(1).write.mode("errorifexists").parquet(segment_path))
+        segment = write_segment(catalog, warehouse, name, table, changes, lo, hi, int(stats.rows), path, fmt, digest)
     finally:
         changes.unpersist()
+    log.info("appended %s rows to the log of %s as segment %s", stats.rows, name, segment.id)
+    return AppendResult(name, segment, int(stats.rows))
+
+
+def write_segment(catalog: Catalog, warehouse: Warehouse, name: str, table: TableConfig, changes: DataFrame,
+                  lo: int, hi: int, rows: int, source: str, fmt: str, digest: str,
+                  restores: int | None = None) -> SegmentRef:
+    """Write checked changes (the table's columns, ``_change_type``, ``_seq``, ``_commit_version`` or
+    NULL for ``lo``) as one Parquet segment and record it: the commit point of an append. The file goes
+    again if the catalog refuses it. ``restores``: see `Catalog.add_segment`."""
+    bounds = segment_key_bounds(catalog, name, table, changes)
+    segment_path = warehouse.log_path(name, new_id(f"{lo:020d}-"))
+    (changes.select(*[F.col(f"`{c}`") for c in table.columns], F.col(CHANGE_TYPE),
+                    F.coalesce(F.col(COMMIT_VERSION), F.lit(lo).cast("long")).alias(COMMIT_VERSION), F.col(SEQ))
+            .coalesce(1).write.mode("errorifexists").parquet(segment_path))
     try:
-        segment = catalog.add_segment(name, segment_path, path, fmt, digest, lo, hi, int(stats.rows), bounds)
+        return catalog.add_segment(name, segment_path, source, fmt, digest, lo, hi, rows, bounds, restores)
     except BaseException:
         warehouse.delete(segment_path)
         raise
-    log.info("appended %s rows to the log of %s as segment %s", stats.rows, name, segment.id)
-    return AppendResult(name, segment, int(stats.rows))
 
 
 def segment_key_bounds(catalog: Catalog, name: str, table: TableConfig, changes: DataFrame) -> dict | None:
@@ -146,14 +155,19 @@ def segment_key_bounds(catalog: Catalog, name: str, table: TableConfig, changes:
     return segment_bounds(table, changes)
 
 
-def read_log(spark: SparkSession, table: TableConfig, segments: list[SegmentRef], after: int, upto: int) -> DataFrame:
-    """The changes of the given segments with commit versions in (after, upto], in one scan; filtered
-    by version only when a segment reaches past the range (a filter's literals are compiled into the
-    scan's generated code, which would differ, and compile again, in every refresh)."""
+def read_log(spark: SparkSession, table: TableConfig, segments: list[SegmentRef], after: int, upto: int,
+             skip: Collection[int] = ()) -> DataFrame:
+    """The changes of the given segments with commit versions in (after, upto] but ``skip`` (the
+    quarantined ones), in one scan; filtered by version only when a segment reaches past the range or
+    holds a skipped commit (a filter's literals are compiled into the scan's generated code, which would
+    differ, and compile again, in every refresh)."""
     schema = f"{table.ddl()}, `{CHANGE_TYPE}` STRING, `{COMMIT_VERSION}` BIGINT, `{SEQ}` BIGINT"
     if not segments:
         return spark.createDataFrame([], schema)
     changes = spark.read.schema(schema).parquet(*[s.path for s in segments])
+    skip = sorted(v for v in skip if after < v <= upto)
+    if skip:
+        changes = changes.where(~F.col(COMMIT_VERSION).isin(skip))
     if all(after < s.min_commit_version and s.max_commit_version <= upto for s in segments):
         return changes
     return changes.where((F.col(COMMIT_VERSION) > after) & (F.col(COMMIT_VERSION) <= upto))

@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from pyspark.sql import Column, DataFrame, Observation, Window
 from pyspark.sql import functions as F
 
+from ivm.changes.delta import named_version
 from ivm.changes.reader import SEQ, describe_row
 from ivm.config import CHANGE_TYPE, COMMIT_VERSION, COUNT_COLUMN, TableConfig
-from ivm.errors import ChangeDataError
+from ivm.errors import BadChange
 from ivm.zset import SKIP_MIN_ROWS, KeyBounds, consolidate, key_bounds, one_partition, restrict, row_struct
 
 SIGN = "__sign"
@@ -208,8 +209,9 @@ def _unkeyed_delta(annotated: DataFrame, table: TableConfig) -> DataFrame:
 class NetDelta:
     """A table's net delta (a Z-set) and the check of its changes, observed while the delta is computed.
 
-    ``check()`` after the one action that consumes ``delta`` (its write) raises `ChangeDataError` for
-    the first change, in commit order, that does not apply."""
+    ``check()`` after the one action that consumes ``delta`` (its write) raises `BadChange` for the
+    first change, in commit order, that does not apply, naming its commit as the user counts them (a
+    Delta source's by its Delta version) and the command that sets it aside."""
 
     name: str
     table: TableConfig
@@ -224,8 +226,12 @@ class NetDelta:
             return
         if found["problems"]:
             bad = found["first"]
-            raise ChangeDataError(f"table {self.name}: commit version {bad[COMMIT_VERSION]}, row "
-                                  f"{describe_row(bad, self.table.columns)}: {bad[PROBLEM]}; nothing was applied")
+            version = int(bad[COMMIT_VERSION])
+            named = named_version(self.table, version)
+            what = "Delta version" if self.table.source is not None else "commit version"
+            reason = f"row {describe_row(bad, self.table.columns)}: {bad[PROBLEM]}"
+            raise BadChange(f"table {self.name}: {what} {named}, {reason}; nothing was applied (to go on without "
+                            f"it: `ivm log quarantine {self.name} --version {named}`)", self.name, version, reason)
 
     def updated_keys(self) -> int | None:
         """After the delta's write: the keys of a keyed table whose net delta holds both images (an

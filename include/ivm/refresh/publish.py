@@ -65,7 +65,8 @@ def publish_stage(ctx: RunContext, run_id: str, progress: Progress = lambda _: N
         if all(t in p.snapshot for t in tables):
             consistent |= dict.fromkeys(ctx.stored_relations(view), {(view, t): p.snapshot[t] for t in tables})
     status = "succeeded" if p.tables or p.views else "noop"
-    ctx.catalog.publish(run_id, changes, watermarks, status=status, consistent=consistent)
+    ctx.catalog.publish(run_id, changes, watermarks, status=status, consistent=consistent,
+                        quarantined=[q for t in p.tables for q in t.quarantined])
     seconds = time.perf_counter() - started
     progress(f"publish: {len(changes)} new versions and {len(watermarks)} watermarks at one snapshot ({seconds:.2f} s)")
     ctx.warehouse.delete(ctx.warehouse.path("staging", run_id))  # set changes, fixpoint rounds

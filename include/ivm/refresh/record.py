@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ivm.catalog.store import LayerRef, StageRecord
+from ivm.catalog.store import LayerRef, QuarantineRef, StageRecord
 from ivm.maintain.dred import RuleChange
 from ivm.modes import Mode
 from ivm.storage import WrittenLayer
@@ -44,6 +44,8 @@ class TableDelta:
     #: keys of a keyed table whose net delta updates them (both images), as the trim observed; None:
     #: not known (a bag table, a replay of published deltas)
     updated_keys: int | None = None
+    #: commits of the range the trim set aside (``on_bad_change: quarantine``), published with the run
+    quarantined: list[QuarantineRef] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """As the plan records it."""
@@ -60,13 +62,17 @@ class TableDelta:
                            delta_rows=self.delta_rows, seconds=round(self.seconds, 3), status="staged",
                            detail={"from_version": self.from_version, "to_version": self.to_version,
                                    "layer": layer_json(self.layer) if self.layer else None,
-                                   "updated_keys": self.updated_keys})
+                                   "updated_keys": self.updated_keys,
+                                   "quarantined": [{"version": q.commit_version, "reason": q.reason}
+                                                   for q in self.quarantined]})
 
     def absorb_trim(self, r: StageRecord) -> None:
         """The table as the trim stage's record ``r`` left it."""
         self.delta_rows, self.seconds, self.trimmed = r.delta_rows or 0, r.seconds or 0.0, True
         self.layer = layer_from_json(r.detail["layer"]) if r.detail.get("layer") else None
         self.updated_keys = r.detail.get("updated_keys")
+        self.quarantined = [QuarantineRef(self.table, q["version"], q["reason"], "policy")
+                            for q in r.detail.get("quarantined", [])]
 
 
 @dataclass

@@ -10,11 +10,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 from pyspark.util import inheritable_thread_target
 
+from ivm.catalog.store import QuarantineRef
 from ivm.changes import delta
 from ivm.changes.ingest import has_update_images, read_log
 from ivm.changes.trim import NetDelta, log_bounds, trim
 from ivm.context import RunContext
-from ivm.errors import ChangeDataError
+from ivm.errors import BadChange, ChangeDataError
 from ivm.modes import Mode
 from ivm.refresh.plan import load_plan
 from ivm.refresh.record import Plan, TableDelta
@@ -25,6 +26,9 @@ from ivm.zset import consolidate, negate, small_change
 Progress = Callable[[str], None]
 #: tables trimmed at once (each a few small Spark jobs; beyond a handful they only queue)
 TRIM_THREADS = 4
+#: commits one trim sets aside under ``on_bad_change: quarantine`` before it refuses the refresh after
+#: all: a log whose commits are bad by the dozen is a broken feed to look at, not one to empty quietly
+QUARANTINE_MAX = 20
 
 
 def replay_delta(ctx: RunContext, p: Plan, item: TableDelta) -> TableDelta:
@@ -68,6 +72,23 @@ def _stage(ctx: RunContext, run_id: str, item: TableDelta, net: NetDelta) -> Non
     item.layer, item.delta_rows, item.updated_keys = layer, layer.rows if layer else 0, net.updated_keys()
 
 
+def _stage_skipping(ctx: RunContext, run_id: str, item: TableDelta, skip: set[int],
+                    net_delta: Callable[[set[int]], NetDelta]) -> None:
+    """`_stage` the net delta of the log range without the commits of ``skip`` (quarantined); under the
+    table's ``on_bad_change: quarantine`` a commit whose change does not apply is set aside too (in the
+    run's record: the publish records it, a failed run sets nothing aside) and the range trimmed again
+    without it, up to QUARANTINE_MAX commits."""
+    policy = ctx.config.tables[item.table].on_bad_change
+    while True:
+        try:
+            return _stage(ctx, run_id, item, net_delta(skip))
+        except BadChange as e:
+            if policy != "quarantine" or len(item.quarantined) >= QUARANTINE_MAX:
+                raise
+            item.quarantined.append(QuarantineRef(item.table, e.version, e.reason, "policy"))
+            skip.add(e.version)
+
+
 def trim_table(ctx: RunContext, run_id: str, item: TableDelta) -> Callable[[], TableDelta]:
     """Stage 2 for one table: read its log range, check it against the snapshot, write the net delta.
     The catalog is read here (log segments, the table's layers); the Spark work is the returned
@@ -76,6 +97,7 @@ def trim_table(ctx: RunContext, run_id: str, item: TableDelta) -> Callable[[], T
     name, table = item.table, ctx.config.tables[item.table]
     # read under the lease: a late commit that landed since the plan is part of this range too
     segments = ctx.catalog.segments(name, item.from_version, item.to_version)
+    skip = {q.commit_version for q in ctx.catalog.quarantined(name)}
     item.log_rows = sum(s.rows for s in segments)
     layers = ctx.catalog.state(name).layers
     schema, spark = ctx.schema(name), ctx.spark
@@ -83,14 +105,16 @@ def trim_table(ctx: RunContext, run_id: str, item: TableDelta) -> Callable[[], T
     # the trim finds them from the log with a query)
     bounds = log_bounds(table, [s.key_bounds for s in segments])
 
-    def run() -> TableDelta:
-        changes = read_log(spark, table, segments, item.from_version, item.to_version)
+    def net_delta(skipped: set[int]) -> NetDelta:
+        changes = read_log(spark, table, segments, item.from_version, item.to_version, skipped)
         current = ctx.warehouse.read_layers(spark, [x.path for x in layers], schema)
-        net = trim(name, table, changes, current, sum(x.rows or 0 for x in layers),
-                   update_images=has_update_images(ctx.warehouse, segments),
-                   small=item.log_rows > 0 and small_change(item.log_rows, ctx.config.spark.single_partition_rows),
-                   bounds=bounds)
-        _stage(ctx, run_id, item, net)
+        return trim(name, table, changes, current, sum(x.rows or 0 for x in layers),
+                    update_images=has_update_images(ctx.warehouse, segments),
+                    small=item.log_rows > 0 and small_change(item.log_rows, ctx.config.spark.single_partition_rows),
+                    bounds=bounds)
+
+    def run() -> TableDelta:
+        _stage_skipping(ctx, run_id, item, skip, net_delta)
         item.seconds = time.perf_counter() - started
         return item
 
@@ -109,16 +133,19 @@ def trim_source(ctx: RunContext, run_id: str, p: Plan, item: TableDelta) -> Call
     before = ctx.catalog.state(name).layers
     schema, spark = ctx.schema(name), ctx.spark
     after, upto = delta.delta_version(item.from_version), delta.delta_version(item.to_version)
+    skip = {q.commit_version for q in ctx.catalog.quarantined(name)}
+
+    def net_delta(skipped: set[int]) -> NetDelta:
+        changes = delta.changes(spark, name, table, where, after, upto, skipped)
+        current = ctx.warehouse.read_layers(spark, [x.path for x in before], schema)
+        return trim(name, table, changes, current, sum(x.rows or 0 for x in before),
+                    small=small_change(item.log_rows, ctx.config.spark.single_partition_rows))
 
     def run() -> TableDelta:
         delta.check_columns(spark, name, table, where, upto)  # (a source whose schema changed under ivm)
         if incremental:
-            changes = delta.changes(spark, name, table, where, after, upto)
-            current = ctx.warehouse.read_layers(spark, [x.path for x in before], schema)
-            net = trim(name, table, changes, current, sum(x.rows or 0 for x in before),
-                       small=small_change(item.log_rows, ctx.config.spark.single_partition_rows))
             try:
-                _stage(ctx, run_id, item, net)
+                _stage_skipping(ctx, run_id, item, skip, net_delta)
             except Exception as e:  # noqa: BLE001 - the feed's files gone (VACUUM) surface as Spark errors
                 if isinstance(e, ChangeDataError) or not any(
                         m in str(e) for m in ("FileNotFound", "FILE_NOT_FOUND", "VersionNotFound")):
@@ -161,7 +188,10 @@ def trim_stage(ctx: RunContext, run_id: str, progress: Progress = lambda _: None
         where = ctx.source_location(item.table)
         versions = f"commit versions {item.from_version + 1}..{item.to_version}" if where is None else (
             f"Delta versions {item.from_version}..{delta.delta_version(item.to_version)} of {where}")
+        table = ctx.config.tables[item.table]
+        aside = "".join(f"; set aside version {delta.named_version(table, q.commit_version)} ({q.reason})"
+                        for q in item.quarantined)
         progress(f"trim: {item.table}: {versions}, {item.log_rows} "
                  f"{'rows of published deltas' if p.replay else 'changes'} -> net delta of "
-                 f"{item.delta_rows} rows ({item.seconds:.2f} s)")
+                 f"{item.delta_rows} rows ({item.seconds:.2f} s){aside}")
     return p.tables
