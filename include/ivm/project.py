@@ -8,11 +8,11 @@ from collections.abc import Callable, Iterable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
-from ivm import compaction, explain, gc, sinks
+from ivm import compaction, evolution, explain, gc, sinks
 from ivm.catalog import Catalog
-from ivm.catalog.models import Run
+from ivm.catalog.models import Run, utcnow
 from ivm.changes import delta, ingest, quarantine
-from ivm.config import ProjectConfig, TableConfig, load_project
+from ivm.config import COUNT_COLUMN, ProjectConfig, TableConfig, load_project
 from ivm.context import RunContext
 from ivm.errors import ConfigError, NotFoundError
 from ivm.ir import Program
@@ -123,7 +123,8 @@ class Project:
 
         Every view is compiled and stratified first: a bad definition is refused with the view and
         construct named, and nothing is stored. A table that already holds data or changes keeps its
-        columns and key: changing them would reinterpret stored files, so that is refused too.
+        key and columns, which may be added to and widened (ivm.evolution); any other change would
+        reinterpret stored files, and is refused too.
         """
         _ = self.program
         self._check_types()
@@ -138,20 +139,25 @@ class Project:
             if table.source is not None:
                 delta.check_source(self.spark, name, table, self.ctx.source_location(name))
         applied = self.catalog.table_defs()
+        evolved, added = [], {}
         for name, table in self.config.tables.items():
             old = applied.get(name)
-            if old is None:
-                continue
+            if old is None or not (self.catalog.state(name).layers or self.catalog.last_commit_version(name) > 0):
+                continue  # (a table without data may be redefined at will)
             before, after = _applied_spec(old), _table_spec(table)
-            if (before["columns"], before["key"]) != (after["columns"], after["key"]):
-                if self.catalog.state(name).layers or self.catalog.last_commit_version(name) > 0:
-                    raise ConfigError(f"tables.{name}: columns or key changed but the table already holds data; "
-                                      "changing a stored table's schema is not supported")
-        tables = {n: _table_spec(t) for n, t in self.config.tables.items()}
+            ev = evolution.evolve(name, before["columns"], before["key"], after["columns"], after["key"])
+            evolved += [ev] if ev else []
+            added[name] = [c for c in table.columns if c in (old.added_columns or []) or c in ev.added] or None
+        view_notes, stale = self._evolved_views(evolved)
+        notes = [line for ev in evolved for line in ev.describe()] + view_notes
+        tables = {n: {**_table_spec(t), "added_columns": added.get(n)} for n, t in self.config.tables.items()}
         views = {n: {"language": v.language, "definition": v.definition,
                      "options": v.model_dump(mode="json", by_alias=True, exclude={"sql", "datalog"},
                                              exclude_none=True)}
                  for n, v in self.config.views.items()}
+        now = utcnow()
+        for view in stale:  # recomputed by the next refresh, as after a change of its definition
+            views[view]["updated_at"] = now
         # (the views' names in the Spark catalog first: a name another table holds is refused before the
         # catalog's definitions change; registering again is a no-op)
         registered = (sinks.register(self.ctx) if self.config.storage.delta_views
@@ -159,7 +165,37 @@ class Project:
         changes = self.catalog.save_definitions(tables, views)
         dropped = sorted(set(applied) - set(self.config.tables))
         changes += [f"table {n} is no longer in the project file (its data is kept)" for n in dropped]
-        return changes + [f"view {name} registered in the Spark catalog" for name in registered]
+        return changes + notes + [f"view {name} registered in the Spark catalog" for name in registered]
+
+    def _evolved_views(self, evolved: list[evolution.Evolution]) -> tuple[list[str], list[str]]:
+        """What the evolution of tables does to the stored views over them, from their stored files'
+        schemas against their new ones: the columns a view gains (it selects ``*``) or widens; and the
+        views to recompute, because a relation they store holds a column their new compiled form does
+        not name (its state could not be read as it was written). Returns (notes, those views)."""
+        tables, notes, stale = {ev.table for ev in evolved}, [], []
+        for view in self.config.views:
+            if not self.catalog.state(view).layers or not tables & set(self.base_tables(view)):
+                continue
+            for relation in self.stored_relations(view):
+                layers = self.catalog.state(relation).layers
+                if not layers:
+                    continue
+                stored = {f.name: f.dataType for f in self.spark.read.parquet(layers[0].path).schema.fields
+                          if f.name != COUNT_COLUMN}
+                new = {f.name: f.dataType for f in self.ctx.schema(relation).fields}
+                unread = [c for c in stored if c not in new]
+                if unread:
+                    stale.append(view)
+                    notes.append(f"view {view} is recomputed by the next refresh: {relation} stores column "
+                                 f"{unread[0]}, which its new compiled form does not name")
+                    break
+                if relation != view:
+                    continue
+                notes += [f"view {view} gains column {c} (NULL in the rows it holds, as in its tables')"
+                          for c in new if c not in stored]
+                notes += [f"view {view}: column {c} widens from {stored[c].simpleString()} to {t.simpleString()}"
+                          for c, t in new.items() if c in stored and stored[c] != t]
+        return notes, stale
 
     # -- data in ----------------------------------------------------------------------------------
 
@@ -183,7 +219,8 @@ class Project:
     def append(self, table: str, path: str, fmt: str = "cdf") -> ingest.AppendResult:
         """`ivm log append`: validate and store a change file as the table's next log segment."""
         cfg = self._loaded_here(table)
-        return ingest.append_log(self.spark, self.catalog, self.warehouse, table, cfg, path, fmt)
+        added = self.catalog.table_defs()[table].added_columns or []
+        return ingest.append_log(self.spark, self.catalog, self.warehouse, table, cfg, path, fmt, added)
 
     def quarantine(self, table: str, version: int, reason: str | None = None) -> str:
         """`ivm log quarantine`: set a commit (a Delta source's Delta version) aside (ivm.changes.quarantine)."""

@@ -20,6 +20,7 @@ brings it up to date (README "Delta Lake").
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -30,6 +31,7 @@ from py4j.protocol import Py4JJavaError
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from ivm.catalog.store import StageRecord
 from ivm.changes import delta
@@ -66,6 +68,11 @@ def _delta_table(where: str):
     return DeltaTable(local) if DeltaTable.is_deltatable(local) else None
 
 
+def _columns(dt) -> list:
+    """A Delta table's columns as (name, Spark type): its schema's JSON is Spark's."""
+    return [(f.name, f.dataType) for f in StructType.fromJson(json.loads(dt.schema().to_json())).fields]
+
+
 def held(where: str, view: str) -> int | None:
     """The catalog version of ``view`` the sink at ``where`` holds (its last ivm commit); None: none."""
     dt = _delta_table(where)
@@ -88,15 +95,18 @@ def write_view(ctx: RunContext, view: str, previous: int | None, delta_path: str
                full: bool) -> SinkWrite:
     """Bring the sink of ``view`` to the view's published version: a MERGE of the keys in its delta layer
     ``delta_path`` when the sink holds the ``previous`` version and the view has a key, else an
-    overwrite with the whole state."""
+    overwrite with the whole state (so too once its columns changed, ivm.evolution)."""
     started = time.perf_counter()
     where = location(ctx, view)
     version = ctx.catalog.state(view).version_id
-    now = held(where, view)
+    sink = _delta_table(where)
+    now = None if sink is None else sink.transaction_version(app_id(view))
     key = ctx.config.views[view].key
     if now == version:
         how = "current"
-    elif full or not key or delta_path is None or now is None or now != previous:
+    elif (full or not key or delta_path is None or now is None or now != previous
+          or _columns(sink) != [(f.name, f.dataType) for f in ctx.schema(view).fields]):
+        # (a view whose columns changed, ivm.evolution: written whole with its new schema, once)
         _overwrite(ctx.read_state(view), where, view, version)
         how = "overwrite"
     else:
@@ -180,6 +190,15 @@ def state(ctx: RunContext, view: str) -> SinkState:
         return SinkState(view, where, None, "its Delta table is behind the catalog: the next refresh writes it "
                                             "(or it is not published: storage.delta_views)")
     return SinkState(view, where, record.detail["delta_version"], "current")
+
+
+def behind(ctx: RunContext) -> list[str]:
+    """The materialized views whose Delta tables do not hold their catalog version (a sink stage that
+    died between two views' Delta commits, ivm.refresh.publish.sink_stage): the next refresh writes
+    them, whether or not it has anything else to do. From the catalog only (no JVM)."""
+    if not ctx.config.storage.delta_views:
+        return []
+    return [s.view for s in snapshot(ctx) if s.delta_version is None and ctx.catalog.state(s.view).version_id]
 
 
 def snapshot(ctx: RunContext) -> list[SinkState]:

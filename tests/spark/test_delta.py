@@ -279,3 +279,35 @@ def test_a_bad_commit_of_a_delta_source_is_named_by_its_delta_version_and_set_as
                                                                  (2, "bob", Decimal("80.00"))]
     with pytest.raises(ChangeDataError, match="a Delta source's versions are its table's: correct the Delta table"):
         p.restore("orders", 1)
+
+
+def test_a_crash_between_the_catalog_commit_and_a_views_delta_commit(make_project, spark, tmp_path, monkeypatch):
+    """Kill point (#46, item 5): the sink stage dies after one view's Delta commit, before the next's.
+    Readers through ivm see the catalog's one snapshot; `ivm snapshot` names the Delta versions that hold
+    it for the views written and says the other is behind; the next refresh, with nothing new to
+    apply, writes the lagging table, and every Delta table then equals its view."""
+    p, sources = project_with_sources(make_project, spark, tmp_path, [(1, "ann", Decimal("60.00"), DAYS[0])],
+                                      [(DAYS[0], "click", 1.0)])
+    p.refresh()
+    spark.sql(f"UPDATE delta.`{sources['orders']}` SET amount = 70 WHERE id = 1")
+    written, real = [], sinks.write_view
+
+    def dies_on_the_second(ctx, view, *args):
+        if written:
+            raise RuntimeError("killed between two Delta commits")
+        written.append(view)
+        return real(ctx, view, *args)
+
+    monkeypatch.setattr(sinks, "write_view", dies_on_the_second)
+    with pytest.raises(RuntimeError, match="killed"):
+        p.refresh()
+    monkeypatch.setattr(sinks, "write_view", real)
+    assert [tuple(r) for r in p.read("big").collect()] == [(1, "ann", Decimal("70.00"))]  # the catalog's snapshot
+    states = {s.view: s for s in sinks.snapshot(p.ctx)}
+    behind = [v for v, s in states.items() if s.delta_version is None]
+    assert written and written[0] not in behind and behind  # one written, the rest behind, and said so
+    assert all("behind the catalog" in states[v].note for v in behind)
+    p.refresh()  # nothing new to apply: the sink catches up
+    for s in sinks.snapshot(p.ctx):
+        assert s.delta_version is not None, s
+        assert bag(spark.sql(s.sql()).collect()) == bag(p.read(s.view).collect()), s.view

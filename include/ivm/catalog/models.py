@@ -44,6 +44,8 @@ class TableDef(Base):
     references: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    #: columns added after the table held data (ivm.evolution): change files may lack them (NULL)
+    added_columns: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)
 
 
 class ViewDef(Base):

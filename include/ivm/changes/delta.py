@@ -174,11 +174,12 @@ def parse_layer_path(path: str) -> tuple[str, int] | None:
 
 
 def read_version(spark: SparkSession, path: str, schema: StructType) -> DataFrame:
-    """A `layer_path`'s rows as a Z-set: the declared columns of the table as of its version, count 1."""
+    """A `layer_path`'s rows as a Z-set: the declared columns of the table as of its version, count 1 (a
+    column the table gained after that version, ivm.evolution: NULL)."""
     where, version = parse_layer_path(path)
     df = spark.read.format("delta").option("versionAsOf", version).load(where)
-    return df.select(*[F.col(f"`{f.name}`").cast(f.dataType).alias(f.name) for f in schema.fields],
-                     F.lit(1).cast("long").alias(COUNT_COLUMN))
+    return df.select(*[(F.col(f"`{f.name}`") if f.name in df.columns else F.lit(None)).cast(f.dataType).alias(f.name)
+                       for f in schema.fields], F.lit(1).cast("long").alias(COUNT_COLUMN))
 
 
 def changes(spark: SparkSession, name: str, table: TableConfig, where: str, after: int, upto: int,

@@ -85,8 +85,9 @@ def _first_bad_row(df: DataFrame, name: str, table: TableConfig, path: str, with
 
 
 def append_log(spark: SparkSession, catalog: Catalog, warehouse: Warehouse, name: str, table: TableConfig,
-               path: str, fmt: str = "cdf") -> AppendResult:
-    """`ivm log append`: validate a change file and store it as the table's next log segment."""
+               path: str, fmt: str = "cdf", optional: Collection[str] = ()) -> AppendResult:
+    """`ivm log append`: validate a change file and store it as the table's next log segment. The
+    ``optional`` columns (added since the table held data, ivm.evolution) may be missing from it."""
     if fmt not in LOG_FORMATS:
         raise ChangeDataError(f"unknown change format {fmt!r}; use one of {', '.join(LOG_FORMATS)}")
     check_path(path)
@@ -98,7 +99,7 @@ def append_log(spark: SparkSession, catalog: Catalog, warehouse: Warehouse, name
     earlier = catalog.appended_segment(name, path, digest)
     if earlier is not None:
         return AppendResult(name, None, 0, duplicate_of=earlier)
-    changes = (read_cdf if fmt == "cdf" else read_debezium)(spark, name, table, path).cache()
+    changes = (read_cdf if fmt == "cdf" else read_debezium)(spark, name, table, path, optional).cache()
     try:
         # one job for the whole file: row count, bad rows, commit-version range
         stats = changes.agg(F.count(F.lit(1)).alias("rows"),

@@ -11,10 +11,13 @@ Every reader returns the table's columns cast to their declared types, plus:
   ``_bad``   why the row is invalid, or NULL (a value that does not cast, a NULL key, a bad change type)
   ``_raw``   the row as it stands in the file (JSON text), for error messages
 Whole-file problems (unknown or missing columns, an unreadable file) raise `ChangeDataError` at once.
+A column added to the table after it held data (ivm.evolution) may be missing from a change file:
+its values are NULL then.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 
 from pyspark.errors import AnalysisException
@@ -55,12 +58,13 @@ def check_path(path: str) -> None:
         raise ChangeDataError(f"file {path!r} not found")
 
 
-def _check_columns(name: str, table: TableConfig, present: list[str], extra_allowed: set[str], where: str) -> None:
+def _check_columns(name: str, table: TableConfig, present: list[str], extra_allowed: set[str], where: str,
+                   optional: Collection[str] = ()) -> None:
     unknown = [c for c in present if c not in table.columns and c not in extra_allowed]
     if unknown:
         raise ChangeDataError(f"table {name}: {where} has unknown column {unknown[0]!r}"
                               f" (columns are {', '.join(table.columns)})")
-    missing = [c for c in table.columns if c not in present]
+    missing = [c for c in table.columns if c not in present and c not in optional]
     if missing:
         raise ChangeDataError(f"table {name}: {where} lacks column {missing[0]!r}")
 
@@ -104,7 +108,7 @@ def _read_json_lines(spark: SparkSession, path: str) -> DataFrame:
 
 
 def _json_fields(df: DataFrame, name: str, table: TableConfig, source: Column, extra: set[str],
-                 where: str) -> dict[str, Column]:
+                 where: str, optional: Collection[str] = ()) -> dict[str, Column]:
     """Check that every line is a JSON object with the table's columns (two small jobs); return each
     column's raw JSON value."""
     malformed = df.where(F.json_object_keys(source).isNull()).orderBy(SEQ).limit(1).select(F.col("value")).collect()
@@ -115,18 +119,20 @@ def _json_fields(df: DataFrame, name: str, table: TableConfig, source: Column, e
               .limit(len(table.columns) + len(extra) + 50).collect())
     present = [r.k for r in keys]
     if present:  # a column no line mentions is missing; a line may leave out a NULL value
-        _check_columns(name, table, present, extra, where)
+        _check_columns(name, table, present, extra, where, optional)
     return {c: F.get_json_object(source, f"$.{c}") for c in table.columns}
 
 
-def read_cdf(spark: SparkSession, name: str, table: TableConfig, path: str) -> DataFrame:
-    """A native change file: table columns + ``_change_type`` + ``_commit_version`` (NULL if absent)."""
+def read_cdf(spark: SparkSession, name: str, table: TableConfig, path: str,
+             optional: Collection[str] = ()) -> DataFrame:
+    """A native change file: table columns + ``_change_type`` + ``_commit_version`` (NULL if absent);
+    the ``optional`` columns (added since the table held data) NULL where the file lacks them."""
     check_path(path)
     fmt = file_format(path)
     extra = {CHANGE_TYPE, COMMIT_VERSION}
     if fmt == "json":
         text = _read_json_lines(spark, path)
-        raw = _json_fields(text, name, table, F.col("value"), extra, path)
+        raw = _json_fields(text, name, table, F.col("value"), extra, path, optional)
         schema = f"{table.ddl()}, `{CHANGE_TYPE}` STRING, `{COMMIT_VERSION}` STRING"
         parsed_struct = F.from_json("value", schema)
         df = text.withColumn("__p", parsed_struct)
@@ -138,8 +144,9 @@ def read_cdf(spark: SparkSession, name: str, table: TableConfig, path: str) -> D
         raw_text = F.col("value")
     else:
         df = _read_flat(spark, path, fmt).withColumn(SEQ, F.monotonically_increasing_id())
-        _check_columns(name, table, [c for c in df.columns if c != SEQ], extra, path)
+        _check_columns(name, table, [c for c in df.columns if c != SEQ], extra, path, optional)
         raw_text = _as_json([c for c in df.columns if c != SEQ])
+        df = df.select("*", *[F.lit(None).cast("string").alias(c) for c in table.columns if c not in df.columns])
         if fmt == "csv":
             complex_cols = [c for c, t in table.columns.items() if t.startswith(("ARRAY", "STRUCT"))]
             if complex_cols:
@@ -168,7 +175,8 @@ def read_cdf(spark: SparkSession, name: str, table: TableConfig, path: str) -> D
                      raw_text.alias(RAW))
 
 
-def read_debezium(spark: SparkSession, name: str, table: TableConfig, path: str) -> DataFrame:
+def read_debezium(spark: SparkSession, name: str, table: TableConfig, path: str,
+                  optional: Collection[str] = ()) -> DataFrame:
     """Debezium change events: c/r insert ``after``, d deletes ``before``, u gives ``before`` as the
     update preimage and ``after`` as the postimage (key changes included). Tombstones (empty or
     ``null`` lines) are skipped. The commit version is ``source.lsn``, else ``ts_ms``."""
@@ -181,7 +189,8 @@ def read_debezium(spark: SparkSession, name: str, table: TableConfig, path: str)
     text = text.withColumn("__env", envelope)
     for image in ("before", "after"):
         image_json = F.get_json_object("__env", f"$.{image}")
-        _json_fields(text.where(image_json.isNotNull()), name, table, image_json, set(), f"{path} ({image})")
+        _json_fields(text.where(image_json.isNotNull()), name, table, image_json, set(), f"{path} ({image})",
+                     optional)
     image_type = f"struct<{', '.join(f'`{c}`: {t}' for c, t in table.columns.items())}>"
     schema = (f"before {image_type}, after {image_type}, op STRING, ts_ms BIGINT, "
               "source struct<lsn: BIGINT, ts_ms: BIGINT>")

@@ -94,19 +94,30 @@ class SqlCompiler:
         self.udas = {k.lower(): (k, v) for k, v in (aggregates or {}).items()}
         self.view = ""
         self._ctes: dict[str, str] = {}
-        self._counter = 0
+        self._counts: dict[str, int] = {}
+        self._names: set[str] = set()
 
     # -- names -------------------------------------------------------------------------------------
+    # A view's auxiliary predicates and variables name its stored relations and their columns, so they
+    # are counted per hint (per table column, per kind): a column added to a table it reads
+    # (ivm.evolution) names a new variable and shifts none of the others, and the stored state keeps
+    # reading as it was written.
+
+    def _next(self, base: str, sep: str = "_") -> str:
+        while True:
+            self._counts[base] = self._counts.get(base, 0) + 1
+            name = f"{base}{sep}{self._counts[base]}"
+            if name not in self._names:
+                self._names.add(name)
+                return name
 
     def _aux(self, columns: list[str], semantics: str = "bag", role: str = "from") -> Predicate:
-        self._counter += 1
-        pred = Predicate(f"{self.view}__{self._counter}", columns, "aux", semantics, owner=self.view, role=role)
+        pred = Predicate(self._next(self.view, "__"), columns, "aux", semantics, owner=self.view, role=role)
         self.program.predicates[pred.name] = pred
         return pred
 
     def _fresh(self, hint: str) -> str:
-        self._counter += 1
-        return f"{re.sub(r'[^A-Za-z0-9_]', '_', hint)}_{self._counter}"
+        return self._next(re.sub(r"[^A-Za-z0-9_]", "_", hint))
 
     def _fail(self, what: str) -> Unsupported:
         return Unsupported(f"views.{self.view}: {what} is not supported yet")
@@ -114,7 +125,7 @@ class SqlCompiler:
     # -- entry -------------------------------------------------------------------------------------
 
     def compile_view(self, name: str, sql: str) -> Predicate:
-        self.view, self._ctes, self._counter = name, {}, 0
+        self.view, self._ctes, self._counts, self._names = name, {}, {}, set()
         try:
             tree = sqlglot.parse_one(sql, read="spark")
         except ParseError as e:

@@ -16,7 +16,7 @@ from ivm.modes import Mode
 from ivm.refresh.plan import load_plan
 from ivm.refresh.record import RefreshResult
 from ivm.sinks import SinkWrite
-from ivm.storage import WrittenLayer
+from ivm.storage import WrittenLayer, new_id
 
 Progress = Callable[[str], None]
 
@@ -85,8 +85,24 @@ def sink_stage(ctx: RunContext, run_id: str, progress: Progress = lambda _: None
     if run is None or run.status not in ("succeeded", "noop"):
         raise RunError(f"run {run_id} has not been published yet; its views' Delta tables wait for its publish")
     p, versions = load_plan(ctx, run_id)
+    planned = {v.view for v in p.views}
+    # (and the views an earlier sink stage left behind: written whole)
     return sinks.write_views(ctx, run_id, [(v.view, versions.get(v.view), v.layers[v.view].path if v.view in v.layers
-                                    else None, v.mode is Mode.FULL) for v in p.views], progress)
+                                            else None, v.mode is Mode.FULL) for v in p.views]
+                             + [(v, None, None, True) for v in sinks.behind(ctx) if v not in planned], progress)
+
+
+def catch_up_sinks(ctx: RunContext, snapshot: dict[str, int], progress: Progress = lambda _: None) -> None:
+    """For a refresh with nothing else to do: write the views' Delta tables an earlier sink stage left
+    behind (it died between two views' Delta commits), whole, as a run of kind ``sink``. Nothing, and no
+    JVM, when none is behind."""
+    lagging = sinks.behind(ctx)
+    if not lagging:
+        return
+    run_id = new_id("sink-")
+    with ctx.catalog.run(run_id, "sink", snapshot, lagging):
+        sinks.write_views(ctx, run_id, [(v, None, None, True) for v in lagging], progress)
+    ctx.catalog.finish_run(run_id, "succeeded")
 
 
 def compact_stage(ctx: RunContext, run_id: str, progress: Progress = lambda _: None) -> list[str]:

@@ -22,7 +22,7 @@ from ivm.errors import ConfigError
 from ivm.modes import Mode
 from ivm.refresh.maintenance import maintain_stage
 from ivm.refresh.plan import begin, plan
-from ivm.refresh.publish import compact_stage, publish_stage, report, sink_stage
+from ivm.refresh.publish import catch_up_sinks, compact_stage, publish_stage, report, sink_stage
 from ivm.refresh.record import RefreshResult
 from ivm.refresh.trim import trim_stage
 from ivm.refresh.validation import validate_stage
@@ -128,6 +128,7 @@ def refresh(ctx: RunContext, progress: Progress = lambda _: None, views: list[st
     p = plan(ctx, views, mode, run_id, from_version)
     if not p.tables and not p.views:
         progress("plan: no table has changes past its watermark and every view is current; nothing to refresh")
+        catch_up_sinks(ctx, p.snapshot, progress)
         return RefreshResult(None, "noop", p.snapshot, [], time.perf_counter() - started)
     progress(f"plan: run {p.run_id}, snapshot " + ", ".join(f"{t}@{v}" for t, v in p.snapshot.items())
              + f"; {len(p.tables)} tables and {len(p.views)} views to refresh"

@@ -1,11 +1,12 @@
-"""quarantined commits
+"""quarantined commits, columns added to stored tables
 
 Revision ID: 0005
 Revises: 0004
 Create Date: 2026-12-02
 
 Commits of a table's log set aside by `ivm log quarantine` or a table's ``on_bad_change: quarantine``
-policy (ivm.catalog.models.QuarantinedCommit): kept in their segments, skipped by every trim.
+policy (ivm.catalog.models.QuarantinedCommit): kept in their segments, skipped by every trim. And the
+columns added to a table after it held data (ivm.evolution), which change files may lack.
 """
 
 import sqlalchemy as sa
@@ -30,7 +31,11 @@ def upgrade() -> None:
         sa.Column('restored_at', sa.DateTime(timezone=True), nullable=True),
         sa.PrimaryKeyConstraint('table_name', 'commit_version'),
     )
+    with op.batch_alter_table('ivm_tables', schema=None) as batch_op:
+        batch_op.add_column(sa.Column('added_columns', sa.JSON(), nullable=True))
 
 
 def downgrade() -> None:
+    with op.batch_alter_table('ivm_tables', schema=None) as batch_op:
+        batch_op.drop_column('added_columns')
     op.drop_table('ivm_quarantine')

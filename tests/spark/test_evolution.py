@@ -1,0 +1,104 @@
+"""Schema drift of a table that holds data (#46, item 3; ivm.evolution): a nullable column added and a
+type widened in ivm.yaml are applied by `ivm apply` without a reload; change files with the old schema
+are still accepted (the added column NULL) beside files with the new one; the view that does not use
+the column and the one that selects `*` go on being maintained incrementally (apply says what the
+second gains) and equal DuckDB's result of their SQL, their Delta tables take the new schema; a drop,
+a narrowing, another type and another key are refused with the column named, nothing changed."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import duckdb
+import pytest
+from pyspark.sql.types import LongType
+
+from ivm import Project, sinks
+from ivm.errors import ConfigError
+from tests.conftest import write_project
+from tests.helpers import assert_views_recomputed, rows
+
+BEFORE = {"acct": {"columns": {"id": "int", "owner": "string", "n": "int", "w": "float"}, "key": ["id"]}}
+AFTER = {"acct": {"columns": {"id": "int", "owner": "string", "n": "bigint", "w": "double", "note": "string"},
+                  "key": ["id"]}}
+VIEWS = {"per_owner": {"sql": "SELECT owner, count(*) AS c, sum(n) AS total FROM acct GROUP BY owner",
+                       "key": ["owner"]},
+         "everything": {"sql": "SELECT * FROM acct", "key": ["id"]}}
+
+
+def write(path: Path, rows_: list[dict], change: str | None = None) -> str:
+    path.write_text("".join(json.dumps({**r, **({"_change_type": change} if change else {})}) + "\n" for r in rows_))
+    return str(path)
+
+
+def reopen(root: Path, tables: dict) -> Project:
+    return Project.open(str(write_project(root, tables, views=VIEWS, storage={"delta_views": True})))
+
+
+def test_a_column_added_and_types_widened_are_applied_without_a_reload(make_project, tmp_path):
+    root = tmp_path / "project"
+    p = make_project(BEFORE, root=root, views=VIEWS, storage={"delta_views": True})
+    p.load("acct", write(tmp_path / "acct.jsonl", [{"id": i, "owner": "ab"[i % 2], "n": i, "w": 0.5}
+                                                   for i in range(6)]))
+    p.refresh()
+    p.close()
+    p = reopen(root, AFTER)
+    try:
+        said = p.apply()
+        assert "table acct: added column note (NULL in the rows it holds)" in said
+        assert "table acct: column n widened from INT to BIGINT" in said
+        assert "view everything gains column note (NULL in the rows it holds, as in its tables')" in said
+        assert "view everything: column n widens from int to bigint" in said
+        assert not any(line.startswith("view per_owner") for line in said)
+        # a change file with the old schema (no note) and one with the new
+        p.append("acct", write(tmp_path / "c1.jsonl", [
+            {"id": 10, "owner": "a", "n": 2**40, "w": 1.25, "_change_type": "insert"},
+            {"id": 1, "owner": "b", "n": 1, "w": 0.5, "_change_type": "delete"}]))
+        p.append("acct", write(tmp_path / "c2.jsonl", [
+            {"id": 11, "owner": "c", "n": 3, "w": 2.5, "note": "new", "_change_type": "insert"},
+            {"id": 2, "owner": "a", "n": 2, "w": 0.5, "note": None, "_change_type": "update_preimage"},
+            {"id": 2, "owner": "a", "n": 7, "w": 0.5, "note": "kept", "_change_type": "update_postimage"}]))
+        result = p.refresh(mode="incremental")
+        assert {v.view: str(v.mode) for v in result.views} == {"per_owner": "incremental", "everything": "incremental"}
+        state = {(0, "a", 0, 0.5, None), (2, "a", 7, 0.5, "kept"), (3, "b", 3, 0.5, None), (4, "a", 4, 0.5, None),
+                 (5, "b", 5, 0.5, None), (10, "a", 2**40, 1.25, None), (11, "c", 3, 2.5, "new")}
+        assert rows(p.read("acct").collect()) == Counter(state)
+        con = duckdb.connect()
+        con.execute("CREATE TABLE acct (id INTEGER, owner VARCHAR, n BIGINT, w DOUBLE, note VARCHAR)")
+        con.executemany("INSERT INTO acct VALUES (?, ?, ?, ?, ?)", sorted(state))
+        for view, spec in VIEWS.items():
+            assert rows(p.read(view).collect()) == rows(con.execute(spec["sql"]).fetchall()), view
+        assert_views_recomputed(p)
+        # the views' Delta tables take the new schema
+        everything = p.spark.read.format("delta").load(sinks.location(p.ctx, "everything"))
+        assert everything.schema["n"].dataType == LongType() and "note" in everything.columns
+        assert rows(everything.collect()) == rows(p.read("everything").collect())
+    finally:
+        p.close()
+
+
+@pytest.mark.parametrize(("columns", "key", "message"), [
+    ({"id": "int", "owner": "string", "n": "int"}, ["id"], r"tables\.acct: column w cannot be dropped or renamed"),
+    ({"id": "int", "owner": "string", "n": "smallint", "w": "float"}, ["id"],
+     r"tables\.acct: column n cannot change from INT to SMALLINT: .* only widening is applied"),
+    ({"id": "int", "owner": "string", "n": "string", "w": "float"}, ["id"],
+     r"tables\.acct: column n cannot change from INT to STRING"),
+    ({"id": "int", "owner": "string", "n": "int", "w": "float"}, ["id", "owner"],
+     r"tables\.acct: the key cannot change from \['id'\] to \['id', 'owner'\]"),
+], ids=["drop", "narrow", "retype", "key"])
+def test_other_changes_of_a_stored_table_are_refused_with_the_column_named(make_project, tmp_path, columns, key,
+                                                                          message):
+    root = tmp_path / "project"
+    p = make_project(BEFORE, root=root)
+    p.load("acct", write(tmp_path / "acct.jsonl", [{"id": 1, "owner": "a", "n": 1, "w": 0.5}]))
+    before = p.catalog.table_defs()["acct"].columns
+    p.close()
+    p = Project.open(str(write_project(root, {"acct": {"columns": columns, "key": key}})))
+    try:
+        with pytest.raises(ConfigError, match=message):
+            p.apply()
+        assert p.catalog.table_defs()["acct"].columns == before
+    finally:
+        p.close()
