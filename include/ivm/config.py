@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 import sqlglot
 import yaml
+from croniter import croniter
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from sqlglot import exp
 from sqlglot.errors import ParseError
@@ -253,11 +254,18 @@ class CrossoverSettings(_Model):
     history: int = Field(default=20, ge=1)
 
 
+#: the schedule presets a view may name: Airflow's (airflow.utils.dates.cron_presets, and its two special
+#: strings), and ivm's ``@sources`` (its group runs on its Delta sources' asset events, ivm.orchestration)
+SCHEDULE_PRESETS = ("@hourly", "@daily", "@weekly", "@monthly", "@quarterly", "@yearly", "@once", "@continuous",
+                    "@sources")
+
+
 class ViewConfig(_Model):
     """A view: SQL or Datalog (inline text or a file path) and its per-view options."""
 
     sql: str | None = None
     datalog: str | None = None
+    #: a cron string (checked by croniter, as Airflow checks it; spaces normalized) or a preset
     schedule: str | None = None
     validate_: ValidateSettings = Field(default_factory=ValidateSettings, alias="validate")
     #: columns that identify a row of the view: validation expects them not null and unique, and
@@ -271,6 +279,20 @@ class ViewConfig(_Model):
     reduce: ReduceSettings = Field(default_factory=ReduceSettings)
     #: rounds a recursive fixpoint (evaluation or a DRed step) may take before the refresh fails
     max_iterations: int = Field(1000, ge=1)
+
+    @field_validator("schedule")
+    @classmethod
+    def _schedule(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        value = " ".join(value.split())
+        if value.startswith("@"):
+            if value not in SCHEDULE_PRESETS:
+                raise ValueError(f"unknown schedule preset {value!r} (presets: {', '.join(SCHEDULE_PRESETS)})")
+        elif not croniter.is_valid(value):
+            raise ValueError(f"{value!r} is not a cron string (minute hour day-of-month month day-of-week) "
+                             "or a preset")
+        return value
     #: CReaM (001 §4): materialize an auxiliary view for each setof subgoal and for each GROUP BY with a
     #: non-distributive aggregate over a table, so the view is refreshed from it and the deltas alone
     auxiliary_views: bool = True

@@ -16,6 +16,7 @@ import pytest
 from pyspark.sql.types import LongType
 
 from ivm import Project, sinks
+from ivm.catalog.store import PublishChange
 from ivm.errors import ConfigError
 from tests.conftest import write_project
 from tests.helpers import assert_views_recomputed, rows
@@ -100,5 +101,35 @@ def test_other_changes_of_a_stored_table_are_refused_with_the_column_named(make_
         with pytest.raises(ConfigError, match=message):
             p.apply()
         assert p.catalog.table_defs()["acct"].columns == before
+    finally:
+        p.close()
+
+
+def test_a_view_whose_stored_state_could_not_be_read_is_recomputed(make_project, tmp_path):
+    """The safety net: were a relation a view stores to hold a column its new compiled form does not name
+    (here its GROUP BY state rewritten under an old name, as an older compiler might have left it), the
+    apply that evolves the table says the view is recomputed, and the next refresh recomputes it."""
+    root = tmp_path / "project"
+    p = make_project(BEFORE, root=root, views=VIEWS)
+    p.load("acct", write(tmp_path / "acct.jsonl", [{"id": i, "owner": "ab"[i % 2], "n": i, "w": 0.5}
+                                                   for i in range(4)]))
+    p.refresh()
+    state = "per_owner__agg0_0"
+    legacy = p.read_zset(state)
+    legacy = legacy.withColumnRenamed(legacy.columns[0], "g_legacy")
+    layer = p.warehouse.write_layer(legacy, state, "base")
+    p.catalog.publish("legacy", [PublishChange(state, p.catalog.state(state).version_id, [layer], replace=True)], {})
+    p.close()
+    p = Project.open(str(write_project(root, AFTER, views=VIEWS)))
+    try:
+        said = p.apply()
+        assert f"view per_owner is recomputed by the next refresh: {state} stores column g_legacy, which its new " \
+               "compiled form does not name" in said
+        p.append("acct", write(tmp_path / "c1.jsonl", [{"id": 9, "owner": "a", "n": 9, "w": 1.0,
+                                                        "_change_type": "insert"}]))
+        modes = {v.view: (str(v.mode), v.reason) for v in p.refresh().views}
+        assert modes["per_owner"] == ("full", "the definition changed")
+        assert modes["everything"][0] == "incremental"
+        assert_views_recomputed(p)
     finally:
         p.close()

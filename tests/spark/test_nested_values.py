@@ -73,7 +73,7 @@ def test_unnest_rule_and_analysis():
     from ivm.analysis import analyse
 
     [rule] = PROGRAM.rules_for("tags")  # 002 §2.2 (1): the parent and its unnest are one extraction literal
-    assert str(rule) == "tags(e_id_1, x_t_4) :- e_emp_tags(e_id_1, x_t_4)."
+    assert str(rule) == "tags(e_id_1, x_t_1) :- e_emp_tags(e_id_1, x_t_1)."
     [extraction] = PROGRAM.rules_for("e_emp_tags")
     assert str(extraction) == "e_emp_tags(C0, E1) :- emp(C0, C1, C2), explode(`C2`) AS (E1)."
     assert PROGRAM.predicates["e_emp_tags"].kind == "extraction"

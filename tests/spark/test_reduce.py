@@ -76,11 +76,11 @@ def test_example_1_target_relation(spark, tmp_path):
 def test_example_2_naive(spark, tmp_path):
     r, _ = run(spark, tmp_path, "NAIVE", deleted=[("a2", "b2")])
     st = steps(r)
-    assert rows(st[0].frames["candidate"], "r1_a_1", "r1_b_2") == {("a2", "b2")}
-    assert rows(st[0].frames["existing"], "r1_a_1", "r1_b_2") == {("a2", "b3"), ("a2", "b4")}  # Figure 5
-    assert rows(st[1].frames["candidate"], "r1_a_1", "r1_b_2", "r2_c_4", "r2_d_5") == {
+    assert rows(st[0].frames["candidate"], "r1_a_1", "r1_b_1") == {("a2", "b2")}
+    assert rows(st[0].frames["existing"], "r1_a_1", "r1_b_1") == {("a2", "b3"), ("a2", "b4")}  # Figure 5
+    assert rows(st[1].frames["candidate"], "r1_a_1", "r1_b_1", "r2_c_1", "r2_d_1") == {
         ("a2", "b2", "c2", "d1"), ("a2", "b2", "c2", "d2")}
-    assert rows(st[1].frames["existing"], "r1_a_1", "r1_b_2", "r2_c_4", "r2_d_5") == {
+    assert rows(st[1].frames["existing"], "r1_a_1", "r1_b_1", "r2_c_1", "r2_d_1") == {
         ("a2", "b3", "c2", "d2"), ("a2", "b4", "c2", "d2"), ("a2", "b4", "c3", "d3")}
     assert [(x.candidate, x.existing) for x in st] == [(1, 2), (2, 3), (4, 5)]
 
@@ -89,7 +89,7 @@ def test_example_3_rie(spark, tmp_path):
     r, delta = run(spark, tmp_path, "RIE", deleted=[("a2", "b2")])
     st = steps(r)
     # (a2, b4, c3, d3) agrees with no candidate on AC: it is not kept (Figure 6)
-    assert rows(st[1].frames["existing"], "r1_a_1", "r1_b_2", "r2_c_4", "r2_d_5") == {
+    assert rows(st[1].frames["existing"], "r1_a_1", "r1_b_1", "r2_c_1", "r2_d_1") == {
         ("a2", "b3", "c2", "d2"), ("a2", "b4", "c2", "d2")}
     assert [(x.candidate, x.existing) for x in st] == [(1, 2), (2, 2), (4, 4)]
     assert rows(delta, "a", "c", "e", "__count") == {("a2", "c2", "e1", -1)}
@@ -99,8 +99,8 @@ def test_example_4_ric(spark, tmp_path):
     r, delta = run(spark, tmp_path, "RIC", deleted=[("a2", "b2")])
     st = steps(r)
     # (a2, b2, c2, d2) agrees with (a2, b3, c2, d2) of V_E^2 on Z_2 = ACD: dropped (Figure 7)
-    assert rows(st[1].frames["candidate"], "r1_a_1", "r1_b_2", "r2_c_4", "r2_d_5") == {("a2", "b2", "c2", "d1")}
-    assert rows(st[2].frames["candidate"], "r1_a_1", "r2_c_4", "r3_e_7") == {("a2", "c2", "e1")}
+    assert rows(st[1].frames["candidate"], "r1_a_1", "r1_b_1", "r2_c_1", "r2_d_1") == {("a2", "b2", "c2", "d1")}
+    assert rows(st[2].frames["candidate"], "r1_a_1", "r2_c_1", "r3_e_1") == {("a2", "c2", "e1")}
     assert [(x.candidate, x.existing) for x in st] == [(1, 2), (1, 3), (1, 5)]
     assert rows(delta, "a", "c", "e", "__count") == {("a2", "c2", "e1", -1)}
 
@@ -108,7 +108,7 @@ def test_example_4_ric(spark, tmp_path):
 def test_example_5_reduce(spark, tmp_path):
     r, delta = run(spark, tmp_path, "REDUCE", deleted=[("a2", "b2")])
     st = steps(r)
-    assert rows(st[1].frames["existing"], "r1_a_1", "r1_b_2", "r2_c_4", "r2_d_5") == {
+    assert rows(st[1].frames["existing"], "r1_a_1", "r1_b_1", "r2_c_1", "r2_d_1") == {
         ("a2", "b3", "c2", "d2"), ("a2", "b4", "c2", "d2")}  # Figure 8
     assert [(x.candidate, x.existing) for x in st] == [(1, 2), (1, 2), (1, 0)]
     assert rows(delta, "a", "c", "e", "__count") == {("a2", "c2", "e1", -1)}
@@ -117,9 +117,9 @@ def test_example_5_reduce(spark, tmp_path):
 def test_example_6_reduce_plus_projects_early(spark, tmp_path):
     r, delta = run(spark, tmp_path, "REDUCE+", deleted=[("a2", "b2")])
     st = steps(r)
-    assert set(st[1].frames["candidate"].columns) == {"r1_a_1", "r2_c_4", "r2_d_5", "__count"}  # Z_2 = ACD
-    assert rows(st[1].frames["candidate"], "r1_a_1", "r2_c_4", "r2_d_5") == {("a2", "c2", "d1")}
-    assert rows(st[1].frames["existing"], "r1_a_1", "r2_c_4", "r2_d_5") == {("a2", "c2", "d2")}  # Figure 9
+    assert set(st[1].frames["candidate"].columns) == {"r1_a_1", "r2_c_1", "r2_d_1", "__count"}  # Z_2 = ACD
+    assert rows(st[1].frames["candidate"], "r1_a_1", "r2_c_1", "r2_d_1") == {("a2", "c2", "d1")}
+    assert rows(st[1].frames["existing"], "r1_a_1", "r2_c_1", "r2_d_1") == {("a2", "c2", "d2")}  # Figure 9
     assert [(x.candidate, x.existing) for x in st] == [(1, 2), (1, 1), (1, 0)]
     assert rows(delta, "a", "c", "e", "__count") == {("a2", "c2", "e1", -1)}
 

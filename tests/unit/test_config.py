@@ -82,6 +82,11 @@ def test_default_catalog_lives_in_the_warehouse(tmp_path):
     ({"tables": {"t": {"columns": {"a": "int"}, "nested": {"a": {"collection": "s", "id": "id"}}},
                  "s": {"columns": {"id": "int", "b": "int"}, "nested": {"b": {"collection": "t", "id": "a"}}}}},
      "collections nest each other in a cycle: t -> s -> t"),
+    ({"tables": {}, "views": {"v": {"sql": "x", "schedule": "0 25 * * *"}}},
+     "views.v.schedule: '0 25 * * *' is not a cron string"),
+    ({"tables": {}, "views": {"v": {"sql": "x", "schedule": "daily"}}}, "views.v.schedule: 'daily' is not a cron"),
+    ({"tables": {}, "views": {"v": {"sql": "x", "schedule": "@nightly"}}},
+     "views.v.schedule: unknown schedule preset '@nightly' (presets: @hourly, @daily"),
 ])
 def test_errors_name_the_field(doc, message):
     with pytest.raises(ConfigError) as e:
@@ -130,3 +135,18 @@ def test_environment_variables_in_the_project_file(tmp_path, monkeypatch):
     monkeypatch.delenv("CAT")
     with pytest.raises(ConfigError, match=r"ivm.yaml: line 2: environment variable CAT is not set"):
         load_project(path)
+
+
+def test_schedules_are_checked_normalized_and_never_share_a_dag():
+    """Two schedules never map to one refresh DAG (#47: "0 6 * * *" and "0 */6 * * *" both became
+    ivm_refresh_0_6, and one group silently never ran); a cron string's spacing does not make a group."""
+    from ivm.orchestration.dags import dag_id_for, schedule_groups
+
+    config = parse({"tables": {}, "views": {"a": {"sql": "x", "schedule": "0 6 * * *"},
+                                            "b": {"sql": "x", "schedule": "0 */6 * * *"},
+                                            "c": {"sql": "x", "schedule": " 0  6 * *  * "},
+                                            "d": {"sql": "x", "schedule": "@daily"}, "e": {"sql": "x"}}})
+    groups = schedule_groups(config)
+    assert groups == {"0 6 * * *": ["a", "c"], "0 */6 * * *": ["b"], "@daily": ["d"], None: ["e"]}
+    ids = [dag_id_for(s) for s in groups]
+    assert len(set(ids)) == len(ids) and ids[2:] == ["ivm_refresh_daily", "ivm_refresh"]

@@ -31,6 +31,7 @@ from the job (ivm.spark.ship_package).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import sys
@@ -62,9 +63,19 @@ def schedule_groups(config: ProjectConfig) -> dict[str | None, list[str]]:
 
 
 def dag_id_for(schedule: str | None) -> str:
+    """The refresh DAG of a schedule group: ``ivm_refresh`` (no schedule), ``ivm_refresh_<preset>``, or
+    for a cron string its readable form and a hash of it, so two schedules never share an id ("0 6 * * *"
+    and "0 */6 * * *" both read ``0_6``).
+
+    >>> dag_id_for("@daily"), dag_id_for("0 6 * * *"), dag_id_for("0 */6 * * *")
+    ('ivm_refresh_daily', 'ivm_refresh_0_6_504879', 'ivm_refresh_0_6_204a8d')
+    """
     if schedule is None:
         return "ivm_refresh"
-    return "ivm_refresh_" + re.sub(r"[^A-Za-z0-9]+", "_", schedule).strip("_")
+    readable = re.sub(r"[^A-Za-z0-9]+", "_", schedule).strip("_")
+    if schedule.startswith("@"):
+        return f"ivm_refresh_{readable}"
+    return f"ivm_refresh_{readable}_{hashlib.sha1(schedule.encode()).hexdigest()[:6]}"
 
 
 def view_asset_uri(config: ProjectConfig, view: str) -> str:
@@ -105,6 +116,9 @@ def build_dags(jobs_dir: str | Path, path: str | None = None, conn_id: str | Non
     dags = {}
     for schedule, views in schedule_groups(config).items():
         dag_id = dag_id_for(schedule)
+        if dag_id in dags:  # (a hash collision of two cron strings: never silently one DAG for both)
+            raise ConfigError(f"views.{sorted(views)[0]}.schedule: {schedule!r} would share DAG {dag_id} with "
+                              "another schedule; write it differently")
         if schedule == SOURCES_SCHEDULE and not sources(views):
             raise ConfigError(f"views.{sorted(views)[0]}.schedule: {SOURCES_SCHEDULE} runs on the asset events of "
                               f"the Delta sources its views read, and {', '.join(sorted(views))} read none")
