@@ -173,7 +173,7 @@ class Project:
         views to recompute, because a relation they store holds a column their new compiled form does
         not name (its state could not be read as it was written). Returns (notes, those views)."""
         tables, notes, stale = {ev.table for ev in evolved}, [], []
-        for view in self.config.views:
+        for view in self.config.views if evolved else []:
             if not self.catalog.state(view).layers or not tables & set(self.base_tables(view)):
                 continue
             for relation in self.stored_relations(view):
