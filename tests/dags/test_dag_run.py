@@ -156,6 +156,11 @@ def test_the_refresh_dag_on_a_standalone_cluster(deployment, spark_cluster):
         (link,) = db.execute("SELECT value FROM xcom WHERE dag_id = 'ivm_refresh' AND task_id = 'validate' "
                              "AND key = '_link_DataQualityLink'").fetchone()
     assert json.loads(link).endswith(f"/ivm/quality?run={run.id}")
+    # each mapped maintain task is shown by its view's name (map_index_template)
+    with sqlite3.connect(Path(env["AIRFLOW_HOME"]) / "airflow.db") as db:
+        shown = {r[0] for r in db.execute("SELECT rendered_map_index FROM task_instance WHERE dag_id = 'ivm_refresh' "
+                                          "AND task_id LIKE 'maintain_stratum_%' AND map_index >= 0")}
+    assert shown == set(maintained)
     # the assets task sent one event per view the run changed, none for the others, with the Delta
     # version its sink wrote (and the view's catalog version, rows changed) in the event's extra
     with sqlite3.connect(Path(env["AIRFLOW_HOME"]) / "airflow.db") as db:

@@ -240,8 +240,10 @@ def _per_view(stage, stratum: int, path: str, common: dict, previous):
             project.close()
 
     chosen = select(RUN)
+    # each mapped task shows its view in the UI (its arguments end with `--views VIEW`)
     mapped = SparkSubmitOperator.partial(task_id=f"{stage.name}_stratum_{stratum}", name=f"ivm-{stage.name}",
-                                         trigger_rule=TriggerRule.NONE_FAILED, **common
+                                         trigger_rule=TriggerRule.NONE_FAILED,
+                                         map_index_template="{{ task.application_args[-1] }}", **common
                                          ).expand(application_args=chosen)
     if previous is not None:
         previous >> chosen
