@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from tabulate import tabulate
 
+from ivm import __version__
 from ivm.errors import IvmError
 from ivm.modes import Mode
 
@@ -238,6 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="log progress details and tracebacks")
     parser = argparse.ArgumentParser(prog="ivm", parents=[common],
                                      description="Incremental view maintenance for Apache Spark.")
+    parser.add_argument("--version", action="version", version=f"ivm {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("apply", parents=[common], help="create or update tables and views in the catalog")
