@@ -73,12 +73,6 @@ def _columns(dt) -> list:
     return [(f.name, f.dataType) for f in StructType.fromJson(json.loads(dt.schema().to_json())).fields]
 
 
-def held(where: str, view: str) -> int | None:
-    """The catalog version of ``view`` the sink at ``where`` holds (its last ivm commit); None: none."""
-    dt = _delta_table(where)
-    return None if dt is None else dt.transaction_version(app_id(view))
-
-
 @contextmanager
 def _idempotent(spark, view: str, version: int):
     """Delta's idempotent writes for the DML run inside (MERGE): the session's txnAppId/txnVersion."""
@@ -173,6 +167,8 @@ class SinkState:
     #: the Delta version holding the view's current (catalog) version; None: the table is behind
     delta_version: int | None
     note: str
+    #: the view's current catalog version; None: not materialized yet
+    view_version: int | None = None
 
     def sql(self) -> str:
         return f"SELECT * FROM delta.`{self.location}` VERSION AS OF {self.delta_version}"
@@ -188,8 +184,8 @@ def state(ctx: RunContext, view: str) -> SinkState:
         return SinkState(view, where, None, "not materialized yet")
     if record is None or record.detail.get("view_version") != current:
         return SinkState(view, where, None, "its Delta table is behind the catalog: the next refresh writes it "
-                                            "(or it is not published: storage.delta_views)")
-    return SinkState(view, where, record.detail["delta_version"], "current")
+                                            "(or it is not published: storage.delta_views)", current)
+    return SinkState(view, where, record.detail["delta_version"], "current", current)
 
 
 def behind(ctx: RunContext) -> list[str]:
@@ -198,7 +194,7 @@ def behind(ctx: RunContext) -> list[str]:
     them, whether or not it has anything else to do. From the catalog only (no JVM)."""
     if not ctx.config.storage.delta_views:
         return []
-    return [s.view for s in snapshot(ctx) if s.delta_version is None and ctx.catalog.state(s.view).version_id]
+    return [s.view for s in snapshot(ctx) if s.delta_version is None and s.view_version is not None]
 
 
 def snapshot(ctx: RunContext) -> list[SinkState]:

@@ -290,8 +290,7 @@ class Catalog:
             newest = s.scalar(select(func.max(LogSegment.max_commit_version))
                               .where(LogSegment.table_name == table))
             if newest is not None and min_version <= newest:
-                absorbed = s.scalar(select(func.max(Watermark.commit_version))
-                                    .where(Watermark.source_table == table)) or 0
+                absorbed = _absorbed(s, table)
                 if min_version <= absorbed:
                     raise ChangeDataError(f"table {table}: commit version {min_version} is not after the last "
                                           f"absorbed commit version {absorbed}; nothing was stored")
@@ -332,8 +331,7 @@ class Catalog:
     def absorbed(self, table: str) -> int:
         """The newest commit version of the table that any relation has absorbed (0: none)."""
         with self.session() as s:
-            return int(s.scalar(select(func.max(Watermark.commit_version))
-                                .where(Watermark.source_table == table)) or 0)
+            return _absorbed(s, table)
 
     # -- quarantined commits -----------------------------------------------------------------------
 
@@ -365,8 +363,7 @@ class Catalog:
             lease = s.get(Lease, table)
             if lease is not None:
                 raise LeaseError(f"table {table} is being refreshed by run {lease.run_id}; try again after it ends")
-            absorbed = s.scalar(select(func.max(Watermark.commit_version))
-                                .where(Watermark.source_table == table)) or 0
+            absorbed = _absorbed(s, table)
             record = s.get(QuarantinedCommit, (table, version))
             if action == "quarantine":
                 if record is not None:
@@ -647,6 +644,11 @@ class Catalog:
     def drop_segments(self, segment_ids: Sequence[int]) -> None:
         with self.session() as s:
             s.execute(delete(LogSegment).where(LogSegment.id.in_(segment_ids)))
+
+
+def _absorbed(s: Session, table: str) -> int:
+    """The newest commit version of ``table`` that any relation has absorbed (0: none)."""
+    return int(s.scalar(select(func.max(Watermark.commit_version)).where(Watermark.source_table == table)) or 0)
 
 
 def _segment_ref(seg: LogSegment) -> SegmentRef:

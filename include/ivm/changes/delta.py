@@ -71,6 +71,11 @@ def delta_version(ivm_version: int) -> int:
     return ivm_version - 1
 
 
+def version_noun(table: TableConfig) -> str:
+    """What users call a version of the table's changes: a Delta source's Delta version."""
+    return "Delta version" if is_delta(table) else "commit version"
+
+
 def named_version(table: TableConfig, version: int) -> int:
     """A commit version (ivm's numbering) as users name it: a Delta source's Delta version."""
     return delta_version(version) if is_delta(table) else version

@@ -71,13 +71,12 @@ def set_aside(catalog: Catalog, config: ProjectConfig, name: str, named: int, re
     ``reason``, else the error of the refresh that refused it, else "set aside by hand"."""
     table = config.tables[name]
     version = delta.from_named_version(table, named)
-    what = "Delta version" if delta.is_delta(table) else "commit version"
+    what = delta.version_noun(table)
     if delta.is_delta(table):
         newest = delta.current_version(delta.location(config, name), name) if table.source.delta else None
         if named < 0 or (newest is not None and named > newest):
             raise NotFoundError(f"table {name}: no Delta version {named} (the table's newest is {newest})")
-    elif not [s for s in catalog.segments(name, version - 1, version)
-              if s.min_commit_version <= version <= s.max_commit_version]:
+    elif not catalog.segments(name, version - 1, version):  # (the segments whose range holds it)
         raise NotFoundError(f"table {name}: no commit version {named} in its log (see `ivm log list {name}`)")
     reason = reason or _refusal(catalog, name, what, named) or "set aside by hand"
     catalog.quarantine(name, version, reason)
@@ -90,7 +89,7 @@ def restore(spark: SparkSession, catalog: Catalog, warehouse: Warehouse, config:
     """`ivm log restore`: put quarantined commit ``named`` back (see the module's docstring)."""
     table = config.tables[name]
     version = delta.from_named_version(table, named)
-    what = "Delta version" if delta.is_delta(table) else "commit version"
+    what = delta.version_noun(table)
     record = next((q for q in catalog.quarantined(name) if q.commit_version == version), None)
     if record is None or record.restored_as is not None:
         again = f" (restored as commit version {record.restored_as})" if record is not None else ""
@@ -103,9 +102,7 @@ def restore(spark: SparkSession, catalog: Catalog, warehouse: Warehouse, config:
         raise ChangeDataError(f"table {name}: Delta version {named} lies below the version the views hold "
                               f"({_named(config, name, absorbed)}), and a Delta source's versions are its table's: "
                               "correct the Delta table itself (ivm reads the correcting commit)")
-    segments = [s for s in catalog.segments(name, version - 1, version)
-                if s.min_commit_version <= version <= s.max_commit_version]
-    changes = read_log(spark, table, segments, version - 1, version)
+    changes = read_log(spark, table, catalog.segments(name, version - 1, version), version - 1, version)
     rows = changes.count()  # (a quarantined commit is one commit: small)
     new = catalog.last_commit_version(name) + 1
     source = f"quarantine of {name} commit version {version}"

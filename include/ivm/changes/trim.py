@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pyspark.sql import Column, DataFrame, Observation, Window
 from pyspark.sql import functions as F
 
-from ivm.changes.delta import named_version
+from ivm.changes.delta import named_version, version_noun
 from ivm.changes.reader import SEQ, describe_row
 from ivm.config import CHANGE_TYPE, COMMIT_VERSION, COUNT_COLUMN, TableConfig
 from ivm.errors import BadChange
@@ -228,10 +228,10 @@ class NetDelta:
             bad = found["first"]
             version = int(bad[COMMIT_VERSION])
             named = named_version(self.table, version)
-            what = "Delta version" if self.table.source is not None else "commit version"
             reason = f"row {describe_row(bad, self.table.columns)}: {bad[PROBLEM]}"
-            raise BadChange(f"table {self.name}: {what} {named}, {reason}; nothing was applied (to go on without "
-                            f"it: `ivm log quarantine {self.name} --version {named}`)", self.name, version, reason)
+            raise BadChange(f"table {self.name}: {version_noun(self.table)} {named}, {reason}; nothing was applied "
+                            f"(to go on without it: `ivm log quarantine {self.name} --version {named}`)",
+                            self.name, version, reason)
 
     def updated_keys(self) -> int | None:
         """After the delta's write: the keys of a keyed table whose net delta holds both images (an
