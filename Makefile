@@ -11,10 +11,10 @@ venv: $(VENV)/.installed $(LOCAL_FS_JAR) $(JARS)
 
 # uv installs the pinned stack (~0.5 minutes on a fresh machine, pip ~2); pip stays in the venv
 UV := $(BIN)/uv pip install --quiet --python $(BIN)/python
-$(VENV)/.installed: requirements.txt pyproject.toml
+$(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet uv==0.13.9
-	$(UV) -r requirements.txt
+	$(UV) -r requirements-dev.txt
 	$(UV) --no-deps -e .
 	touch $@
 

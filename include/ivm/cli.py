@@ -24,6 +24,15 @@ def _out(line: str = "") -> None:
     print(line, flush=True)
 
 
+def _err(line: str = "") -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _json(doc) -> None:
+    """A command's ``--format json`` answer: one JSON document on stdout (progress went to stderr)."""
+    print(json.dumps(doc, indent=2, default=str), flush=True)
+
+
 def _open(args):
     from ivm.project import Project
 
@@ -86,13 +95,21 @@ def cmd_log_list(args) -> int:
     return 0
 
 
-def cmd_refresh(args) -> int:
-    project = _open(args)
-    result = project.refresh(args.views or None, mode=args.mode, progress=_out)
+def _result(args, command: str, result) -> int:
+    """What refresh and backfill print of their `RefreshResult`."""
+    if args.format == "json":
+        _json(result.to_json())
+        return 0
     if result.tables or result.views:
         _out(tabulate(result.summary_rows(), headers=result.SUMMARY_HEADERS, tablefmt="simple"))
-    _out(f"refresh {result.status} in {result.seconds:.2f} s")
+    _out(f"{command} {result.status} in {result.seconds:.2f} s")
     return 0
+
+
+def cmd_refresh(args) -> int:
+    project = _open(args)
+    result = project.refresh(args.views or None, mode=args.mode, progress=_err if args.format == "json" else _out)
+    return _result(args, "refresh", result)
 
 
 def cmd_snapshot(args) -> int:
@@ -110,11 +127,8 @@ def cmd_snapshot(args) -> int:
 def cmd_backfill(args) -> int:
     project = _open(args)
     result = project.backfill(args.views, full=args.full, from_version=args.from_version, sample=args.sample,
-                              progress=_out)
-    if result.tables or result.views:
-        _out(tabulate(result.summary_rows(), headers=result.SUMMARY_HEADERS, tablefmt="simple"))
-    _out(f"backfill {result.status} in {result.seconds:.2f} s")
-    return 0
+                              progress=_err if args.format == "json" else _out)
+    return _result(args, "backfill", result)
 
 
 def cmd_show(args) -> int:
@@ -185,24 +199,45 @@ def cmd_runs(args) -> int:
     project = _open(args)
     table = []
     runs = project.runs(args.limit)
-    checks: dict[str, list[str]] = {}
+    checks: dict[str, list] = {}
     for v in project.catalog.validations(limit=50 * max(1, args.limit)):
-        checks.setdefault(v.run_id, []).append(f"{v.view} {v.status}" + (f" ({v.mismatches} mismatches)"
-                                                                          if v.mismatches else ""))
+        checks.setdefault(v.run_id, []).append(v)
+    if args.format == "json":
+        _json([_run_json(run, checks.get(run.id, [])) for run in runs])
+        return 0
     for run in runs:
-        seconds = (run.finished_at - run.started_at).total_seconds() if run.finished_at else None
+        seconds = _seconds(run)
         deltas = ", ".join(f"{s.relation}:{s.delta_rows}" for s in run.stages
                            if s.stage == "trim" and s.delta_rows is not None)
         views = "\n".join(f"{s.relation} {s.mode} Δ{'' if s.delta_rows is None else s.delta_rows} "
                           f"{s.seconds or 0:.2f}s{_crossover(s.detail)}" for s in run.stages if s.stage == "maintain")
+        validation = "\n".join(f"{v.view} {v.status}" + (f" ({v.mismatches} mismatches)" if v.mismatches else "")
+                               for v in checks.get(run.id, []))
         table.append([run.id, run.kind, run.status, run.mode or "",
                       ", ".join(f"{k}@{v}" for k, v in sorted(run.snapshot.items()) if k in run.relations),
-                      deltas, views, "\n".join(checks.get(run.id, [])), f"{seconds:.2f}" if seconds is not None else "",
+                      deltas, views, validation, f"{seconds:.2f}" if seconds is not None else "",
                       (run.error or _notes(run))[:120]])
     _out(tabulate(table, headers=["run", "kind", "status", "mode", "snapshot", "table deltas",
                                   "views (mode, changed tuples, time)", "validation", "seconds", "error or note"],
                   tablefmt="simple") if table else "no runs yet")
     return 0
+
+
+def _seconds(run) -> float | None:
+    return (run.finished_at - run.started_at).total_seconds() if run.finished_at else None
+
+
+def _run_json(run, checks: list) -> dict:
+    """A run as `ivm runs --format json` gives it: what the table shows, unabridged."""
+    return {"run": run.id, "kind": run.kind, "status": run.status, "mode": run.mode, "snapshot": run.snapshot,
+            "relations": run.relations, "started_at": run.started_at.isoformat(),
+            "finished_at": run.finished_at.isoformat() if run.finished_at else None, "seconds": _seconds(run),
+            "error": run.error, "notes": _notes(run) or None,
+            "stages": [{"stage": s.stage, "relation": s.relation, "mode": s.mode, "rows_in": s.rows_in,
+                        "rows_out": s.rows_out, "delta_rows": s.delta_rows, "seconds": s.seconds, "status": s.status}
+                       for s in run.stages],
+            "validations": [{"view": v.view, "status": v.status, "sample": v.sample_size, "mismatches": v.mismatches,
+                             "report": v.report_uri} for v in checks]}
 
 
 def _notes(run) -> str:
@@ -279,6 +314,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", choices=[str(m) for m in Mode.asked()], default=str(Mode.AUTO),
                    help="auto: per view, what the analysis allows (default); full: recompute every view; "
                         "incremental: refuse to recompute")
+    p.add_argument("--format", choices=["text", "json"], default="text",
+                   help="json: the result as one JSON document on stdout (progress on stderr)")
     p.set_defaults(func=cmd_refresh)
 
     p = sub.add_parser("backfill", parents=[common],
@@ -292,6 +329,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "read and apply the changes since then again")
     p.add_argument("--sample", type=int, metavar="N",
                    help="keys per view the validation recomputes (default: each view's validate.sample; 0: none)")
+    p.add_argument("--format", choices=["text", "json"], default="text",
+                   help="json: the result as one JSON document on stdout (progress on stderr)")
     p.set_defaults(func=cmd_backfill)
 
     p = sub.add_parser("explain", parents=[common],
@@ -318,6 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("runs", parents=[common], help="run history")
     p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--format", choices=["text", "json"], default="text", help="json: the runs as a JSON array")
     p.set_defaults(func=cmd_runs)
 
     p = sub.add_parser("compact", parents=[common],

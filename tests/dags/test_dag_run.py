@@ -1,9 +1,11 @@
 """The refresh DAG end to end on a Spark standalone cluster (DESIGN.md §9): a master and a
 worker started on loopback with pyspark's own ``spark-class``, ``spark_default`` pointed at the master,
-and each DAG run with ``dag.test()`` — every stage a real spark-submit of jobs/ivm_stage.py — for the
-demo project with real changes. Afterwards every view equals its full recomputation, the run is in the
-catalog as the DAG's run, its validate task links to its data-quality page, and it sent an asset event
-for each view it changed.
+and each DAG run with ``dag.test()`` — every Spark stage a real spark-submit of jobs/ivm_stage.py, the
+catalog-only stages Python tasks — for the demo project with real changes. Afterwards every view equals
+its full recomputation, the run is in the catalog as the DAG's run, its validate task links to its
+data-quality page, and it sent an asset event for each view it changed. A run with nothing to do then
+starts no spark-submit, and a run refused by bad change data fails at once, without retries, its report
+naming the commit.
 
 Airflow runs in a subprocess with its own AIRFLOW_HOME (its configuration is read once per process);
 the views are checked here, on the test session's Spark."""
@@ -119,13 +121,23 @@ def deployment(tmp_path_factory, spark_cluster, spark):
     project.close()
 
 
-def dag_test(env: dict, dag_id: str, conf: dict | None = None) -> str:
+def dag_test(env: dict, dag_id: str, conf: dict | None = None, state: str = "success") -> str:
     script = DAG_RUN.format(dags=str(REPO / "dags"))
     done = subprocess.run([sys.executable, "-c", script, dag_id, json.dumps(conf or {})],
                           env=env, capture_output=True, text=True, timeout=1200)
     tail = "\n".join((done.stdout + done.stderr).splitlines()[-40:])
-    assert done.returncode == 0 and "DAG RUN success" in done.stdout, tail
+    assert done.returncode == 0 and f"DAG RUN {state}" in done.stdout, tail
     return done.stdout + done.stderr
+
+
+def task_states(env: dict, dag_id: str) -> dict[str, tuple[str, int]]:
+    """(state, try number) of each task of the DAG's newest run (a mapped task: its first instance)."""
+    with sqlite3.connect(Path(env["AIRFLOW_HOME"]) / "airflow.db") as db:
+        (run_id,) = db.execute("SELECT run_id FROM dag_run WHERE dag_id = ? ORDER BY id DESC LIMIT 1",
+                               (dag_id,)).fetchone()
+        return {t: (s, n) for t, s, n in db.execute(
+            "SELECT task_id, state, try_number FROM task_instance WHERE dag_id = ? AND run_id = ? "
+            "AND map_index <= 0", (dag_id, run_id))}
 
 
 
@@ -159,7 +171,7 @@ def test_the_refresh_dag_on_a_standalone_cluster(deployment, spark_cluster):
     # each mapped maintain task is shown by its view's name (map_index_template)
     with sqlite3.connect(Path(env["AIRFLOW_HOME"]) / "airflow.db") as db:
         shown = {r[0] for r in db.execute("SELECT rendered_map_index FROM task_instance WHERE dag_id = 'ivm_refresh' "
-                                          "AND task_id LIKE 'maintain_stratum_%' AND map_index >= 0")}
+                                          "AND task_id LIKE 'stratum_%.maintain' AND map_index >= 0")}
     assert shown == set(maintained)
     # the assets task sent one event per view the run changed, none for the others, with the Delta
     # version its sink wrote (and the view's catalog version, rows changed) in the event's extra
@@ -175,3 +187,30 @@ def test_the_refresh_dag_on_a_standalone_cluster(deployment, spark_cluster):
     # (the backfill DAG runs the same stage tasks: that its params reach them is test_dags's
     # test_backfill_params_reach_the_stages, a replay through the stages test_stages's; a second DAG run
     # here cost CI ~6 minutes)
+    # each task returned its summary (XCom): the report the run's status, the maintain task its view
+    with sqlite3.connect(Path(env["AIRFLOW_HOME"]) / "airflow.db") as db:
+        xcoms = {(t, i): json.loads(v) for t, i, v in db.execute(
+            "SELECT task_id, map_index, value FROM xcom WHERE dag_id = 'ivm_refresh' AND key = 'return_value'")}
+    assert xcoms[("report", -1)]["status"] == "succeeded" and xcoms[("report", -1)]["run"] == run.id
+    assert {x["relations"][0] for (t, _), x in xcoms.items() if t.endswith(".maintain")} == set(maintained)
+    assert set(xcoms[("trim", -1)]["relations"]) == {"res", "link", "page_view"}
+
+    # nothing changed since: the plan finds nothing to do, every Spark stage skips itself (no spark-submit,
+    # no JVM) and the report says so
+    log = dag_test(env, "ivm_refresh")
+    assert "spark-submit" not in log and "--master" not in log
+    states = task_states(env, "ivm_refresh")
+    assert {t for t, (s, _) in states.items() if s == "skipped"} >= {"trim", "validate", "sink", "compact"}
+    assert states["plan"][0] == states["publish"][0] == states["report"][0] == "success"
+    assert project.runs(1)[0].status == "noop" and "nothing was refreshed" in log
+
+    # a commit the trim refuses (bad change data, exit code 3): the trim fails at once, not retried, and
+    # the report task (which runs anyway) fails the DAG run with the stage and the one-line error
+    project.append("res", str(data / "res_bad.jsonl"), "cdf")
+    log = dag_test(env, "ivm_refresh", state="failed")
+    states = task_states(env, "ivm_refresh")
+    assert states["trim"] == ("failed", 1) and states["report"][0] == "failed", states
+    assert states["publish"][0] == "upstream_failed"
+    failed = project.runs(1)[0]
+    assert failed.status == "failed" and failed.error.startswith("trim: table res: commit version")
+    assert f"ivm run {failed.id} failed: {failed.error}" in log and "not retried" in log

@@ -1,9 +1,10 @@
 """The DAGs (DESIGN.md §9): every DAG file imports with no error, and the DAGs have the documented
 structure — one refresh DAG per schedule group (max_active_runs 1) and the backfill DAG with its
-params; plan → trim → (views_stratum_k → mapped maintain_stratum_k)… → validate → publish → sink →
-assets → compact → report (ivm.refresh.stages.STAGES), each stage a spark-submit of jobs/ivm_stage.py
-with the run id; the assets task sends the changed views' asset events through the DAG's asset alias;
-Delta sources are the plan's inlets and can schedule a group. Parsing needs no Spark and no database."""
+params; plan → trim → (stratum_k.views → mapped stratum_k.maintain)… → validate → publish → sink →
+assets → compact → report (ivm.refresh.stages.STAGES), the catalog-only stages Python tasks, the others
+spark-submits of jobs/ivm_stage.py, all with the same command line and run id; the assets task sends
+the changed views' asset events through the DAG's asset alias; Delta sources are the plan's inlets and
+can schedule a group; build_dags's options reach the tasks. Parsing needs no Spark and no database."""
 
 from __future__ import annotations
 
@@ -53,20 +54,35 @@ def test_every_dag_imports(dagbag):
 def test_refresh_dags_per_schedule_group(dagbag):
     hourly = dagbag.dags["ivm_refresh_hourly"]
     assert str(hourly.schedule) == "@hourly" and hourly.max_active_runs == 1
-    # per_k is stratum 2 (its GROUP BY input is stratum 1), busy reads it
+    # per_k is stratum 2 (its GROUP BY input is stratum 1), busy reads it; each stratum a task group
     assert [t.task_id for t in hourly.topological_sort()] == [
-        "plan", "trim", "views_stratum_2", "maintain_stratum_2", "views_stratum_3", "maintain_stratum_3",
+        "plan", "trim", "stratum_2.views", "stratum_2.maintain", "stratum_3.views", "stratum_3.maintain",
         "validate", "publish", "sink", "assets", "compact", "report"]
-    assert upstream(hourly, "trim") == {"plan"} and upstream(hourly, "views_stratum_2") == {"trim"}
-    assert upstream(hourly, "maintain_stratum_3") == {"views_stratum_3"}
-    assert upstream(hourly, "validate") == {"maintain_stratum_3"} and upstream(hourly, "report") == {"compact"}
-    plan = hourly.get_task("plan")
-    assert type(plan).__name__ == "SparkSubmitOperator" and plan.application == str(REPO / "jobs" / "ivm_stage.py")
-    assert plan.application_args[:3] == ["plan", "--run-id", "{{ ivm_run_id(dag.dag_id, run_id) }}"]
-    assert plan.application_args[-4:] == ["--views", "busy,per_k", "--mode", "auto"]
+    assert set(hourly.task_group.children) >= {"stratum_2", "stratum_3"}
+    assert upstream(hourly, "trim") == {"plan"} and upstream(hourly, "stratum_2.views") == {"trim"}
+    assert upstream(hourly, "stratum_3.maintain") == {"stratum_3.views"}
+    assert upstream(hourly, "validate") == {"stratum_3.maintain"} and upstream(hourly, "report") == {"compact"}
+    # the stages that only read and write the catalog run on the worker (no spark-submit); the others
+    # are spark-submits of the stage job; both take the same command line
+    kinds = {t.task_id: type(t).__name__ for t in hourly.tasks}
+    assert {k for k, v in kinds.items() if v == "_PythonDecoratedOperator"} == {
+        "plan", "stratum_2.views", "stratum_3.views", "publish", "assets", "report"}
+    assert kinds["trim"] == "SparkStageOperator" and kinds["validate"] == "ValidateOperator"
+    plan, trim = hourly.get_task("plan"), hourly.get_task("trim")
+    assert trim.application == str(REPO / "jobs" / "ivm_stage.py")
+    (command,) = plan.op_args
+    assert command[:3] == ["plan", "--run-id", "{{ ivm_run_id(dag.dag_id, run_id) }}"]
+    assert command[-4:] == ["--views", "busy,per_k", "--mode", "auto"]
+    assert trim.application_args[:3] == ["trim", "--run-id", "{{ ivm_run_id(dag.dag_id, run_id) }}"]
     assert hourly.user_defined_macros["ivm_run_id"]("d", "r") == hourly.user_defined_macros["ivm_run_id"]("d", "r")
-    # the views of a stratum are mapped tasks over the argument lists views_stratum_k returns
-    maintain = hourly.get_task("maintain_stratum_2")
+    # a task after the plan runs unless one before it failed (a stage with nothing to do skips itself);
+    # the report runs whatever became of them; transient failures are retried
+    rules = {t.task_id: t.trigger_rule.value for t in hourly.tasks}
+    assert rules.pop("plan") == "all_success" and rules.pop("report") == "all_done"
+    assert set(rules.values()) == {"none_failed"}
+    assert {t.retries for t in hourly.tasks} == {2}
+    # the views of a stratum are mapped tasks over the argument lists stratum_k.views returns
+    maintain = hourly.get_task("stratum_2.maintain")
     assert type(maintain).__name__ == "MappedOperator" and "application_args" in maintain.expand_input.value
     # no static outlets (an event for every view on every run): the assets task, after the sink, sends
     # the changed views' events through the DAG's alias
@@ -76,7 +92,40 @@ def test_refresh_dags_per_schedule_group(dagbag):
     assert not hourly.get_task("plan").inlets  # (its tables have no Delta source)
     unscheduled = dagbag.dags["ivm_refresh"]
     assert unscheduled.schedule is None
-    assert unscheduled.get_task("plan").application_args[-4:] == ["--views", "joined", "--mode", "auto"]
+    assert unscheduled.get_task("plan").op_args[0][-4:] == ["--views", "joined", "--mode", "auto"]
+
+
+def test_build_dags_options_reach_the_tasks(tmp_path):
+    """default_args, the Spark pool, per-stage Spark settings and the maintain tasks' parallelism, as
+    dags/README.md documents them; unknown stages and settings are refused with the name."""
+    from ivm.errors import ConfigError
+    from ivm.orchestration.dags import build_dags
+
+    path = str(write_project(tmp_path / "proj", TABLES, views=VIEWS))
+
+    def failed(context):
+        return None
+
+    dags = build_dags(REPO / "jobs", path, default_args={"owner": "data-eng", "retries": 4,
+                                                         "on_failure_callback": failed},
+                      spark_pool="spark", maintain_parallelism=2,
+                      spark={"*": {"executor_memory": "2g", "conf": {"spark.sql.shuffle.partitions": "8"}},
+                             "maintain": {"executor_memory": "6g", "executor_cores": 2}})
+    dag = dags["ivm_refresh_hourly"]
+    assert {(t.owner, t.retries) for t in dag.tasks} == {("data-eng", 4)}
+    assert all(failed in (t.on_failure_callback or []) for t in dag.tasks)
+    trim, maintain = dag.get_task("trim"), dag.get_task("stratum_2.maintain")
+    assert trim.pool == "spark" and trim._executor_memory == "2g"
+    assert trim.conf["spark.sql.shuffle.partitions"] == "8" and "spark.jars.packages" not in trim.conf
+    kwargs = maintain.partial_kwargs
+    assert kwargs["pool"] == "spark" and kwargs["max_active_tis_per_dagrun"] == 2
+    assert (kwargs["executor_memory"], kwargs["executor_cores"]) == ("6g", 2)
+    assert kwargs["conf"]["spark.sql.shuffle.partitions"] == "8"
+    assert dag.get_task("plan").pool == "default_pool"  # (the worker's tasks take no Spark slot)
+    with pytest.raises(ConfigError, match=r"spark\['publish'\]: not a stage that runs Spark"):
+        build_dags(REPO / "jobs", path, spark={"publish": {"driver_memory": "1g"}})
+    with pytest.raises(ConfigError, match=r"spark\['trim'\]: unknown setting 'memory'"):
+        build_dags(REPO / "jobs", path, spark={"trim": {"memory": "1g"}})
 
 
 def test_delta_sources_are_inlets_and_can_schedule_their_group(dagbag, tmp_path):
@@ -86,11 +135,11 @@ def test_delta_sources_are_inlets_and_can_schedule_their_group(dagbag, tmp_path)
     from ivm.orchestration.dags import build_dags
 
     lake = dagbag.dags["ivm_refresh_sources"]
-    project_dir = Path(lake.get_task("plan").application_args[4]).parent
+    project_dir = Path(lake.get_task("plan").op_args[0][4]).parent
     source = (project_dir / "lake" / "s").as_uri()
     assert [a.uri for a in lake.get_task("plan").inlets] == [source]
     assert [a.uri for a in lake.schedule.objects] == [source]
-    assert lake.get_task("plan").application_args[-4:] == ["--views", "from_lake", "--mode", "auto"]
+    assert lake.get_task("plan").op_args[0][-4:] == ["--views", "from_lake", "--mode", "auto"]
     bad = write_project(tmp_path / "bad", TABLES, views={"joined": {**VIEWS["joined"], "schedule": "@sources"}})
     with pytest.raises(ConfigError, match=r"views.joined.schedule: @sources .* read none"):
         build_dags(REPO / "jobs", str(bad))
@@ -100,7 +149,7 @@ def test_backfill_dag_has_params(dagbag):
     backfill = dagbag.dags["ivm_backfill"]
     assert backfill.schedule is None and backfill.max_active_runs == 1
     assert backfill.params["views"] == ["busy", "from_lake", "joined", "per_k"] and backfill.params["full"] is False
-    args = backfill.get_task("plan").application_args
+    args = backfill.get_task("plan").op_args[0]
     assert args[-8:] == ["--views", "{{ params.views | join(',') }}", "--mode",
                          "{{ 'full' if params.full else 'auto' }}", "--kind", "backfill",
                          "--from-version", "{{ params.from_version or '' }}"]
@@ -112,7 +161,7 @@ def test_backfill_dag_has_params(dagbag):
     assert replay.resolve(3) == 3
     with pytest.raises(ParamValidationError):
         replay.resolve(0)
-    assert {t.task_id for t in backfill.tasks} >= {"maintain_stratum_2", "maintain_stratum_3", "publish"}
+    assert {t.task_id for t in backfill.tasks} >= {"stratum_2.maintain", "stratum_3.maintain", "publish"}
 
 
 @pytest.mark.parametrize("conf, expected", [
@@ -123,21 +172,19 @@ def test_backfill_dag_has_params(dagbag):
      {"views": ("busy",), "mode": "auto", "from_version": 3, "sample": 50})])
 def test_backfill_params_reach_the_stages(dagbag, conf, expected):
     """A triggered backfill's params, rendered into the plan and validate tasks' command lines as Airflow
-    renders them, give jobs/ivm_stage.py the stage arguments they stand for (the same run id on both)."""
-    import importlib.util
+    renders them, give the stages the arguments they stand for (the same run id on both)."""
+    from ivm.orchestration.stages import parse_stage_args
 
-    spec = importlib.util.spec_from_file_location("ivm_stage", REPO / "jobs" / "ivm_stage.py")
-    job = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(job)
     backfill = dagbag.dags["ivm_backfill"]
     # (the params' defaults, test_backfill_dag_has_params, which resolves one: dump() would give its value)
     defaults = {"views": sorted(VIEWS), "full": False, "from_version": None, "sample": None}
     context = {"params": {**defaults, **conf}, "dag": backfill, "run_id": "manual__2026-12-02"}
     parsed = {}
-    for task in ("plan", "validate"):
+    for task, field in (("plan", "op_args"), ("validate", "application_args")):
         op = backfill.get_task(task)
-        _, parsed[task] = job.parse_args(op.render_template(op.application_args, context,
-                                                            jinja_env=backfill.get_template_env()))
+        command = getattr(op, field)[0] if field == "op_args" else op.application_args
+        rendered = op.render_template(command, context, jinja_env=backfill.get_template_env())
+        _, _, parsed[task] = parse_stage_args(rendered)
     plan, validate = parsed["plan"], parsed["validate"]
     assert (plan.views, str(plan.mode), plan.kind, plan.from_version) == (
         expected["views"], expected["mode"], "backfill", expected["from_version"])
@@ -180,3 +227,54 @@ def test_docker_compose_has_the_airflow_3_layout():
         checked = subprocess.run([docker, "compose", "-f", str(REPO / "docker-compose.yaml"), "config", "--quiet"],
                                  capture_output=True, text=True)
         assert checked.returncode == 0, checked.stderr
+
+
+def test_docker_compose_comes_up_as_documented():
+    """What made the compose file fail to come up, checked without a Docker engine: the password the
+    README and the file's header document is the one airflow-init writes, on a volume every Airflow
+    service reads it from; the warehouse, logs and auth volumes are handed to the tasks' user
+    (AIRFLOW_UID) by the init, which runs as root, and the Spark services run as that user too; the task
+    logs are one volume and the API and JWT secrets one value for every Airflow service; every
+    long-running service has a healthcheck, and the ones after it wait for it to be healthy."""
+    text = (REPO / "docker-compose.yaml").read_text()
+    doc = yaml.safe_load(text)
+    services = doc["services"]
+    airflow = {n: s for n, s in services.items() if n.startswith("airflow-")}
+    readme = (REPO / "README.md").read_text()
+    assert "user and password `airflow`" in readme and "(user airflow, password airflow)" in text
+    init = services["airflow-init"]
+    script = init["command"][-1]
+    passwords = init["environment"]["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"]
+    assert f"echo '{{\"airflow\": \"airflow\"}}' > {passwords}" in script
+    assert init["environment"]["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"] == "airflow:admin"
+    assert init["user"] == "0:0"
+    uid = "${AIRFLOW_UID:-50000}"
+    chown = next(line for line in script.splitlines() if line.strip().startswith("chown -R"))
+    assert chown.split()[2] == '"$${AIRFLOW_UID:-50000}:0"'  # (compose makes $$ a $ for the shell)
+    for name, service in airflow.items():
+        mounts = {v.split(":")[1]: v.split(":")[0] for v in service["volumes"]}
+        env = service["environment"]
+        assert env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"] == passwords, name
+        assert mounts[str(Path(passwords).parent)] == "airflow-auth", name
+        assert mounts["/opt/airflow/logs"] == "airflow-logs" and mounts["/opt/ivm/warehouse"] == "ivm-warehouse", name
+        assert env["AIRFLOW__API__SECRET_KEY"] and env["AIRFLOW__API_AUTH__JWT_SECRET"], name
+        assert {env["AIRFLOW__API__SECRET_KEY"], env["AIRFLOW__API_AUTH__JWT_SECRET"]} == {
+            services["airflow-apiserver"]["environment"]["AIRFLOW__API__SECRET_KEY"],
+            services["airflow-apiserver"]["environment"]["AIRFLOW__API_AUTH__JWT_SECRET"]}
+        if name != "airflow-init":
+            assert service["user"] == f"{uid}:0" and "healthcheck" in service, name
+            assert service["depends_on"]["airflow-init"]["condition"] == "service_completed_successfully", name
+    for path in ("/opt/ivm/warehouse", "/opt/airflow/logs", str(Path(passwords).parent)):
+        assert path in chown, path
+    for name in ("spark-master", "spark-worker"):
+        assert services[name]["user"] == f"{uid}:0" and "healthcheck" in services[name], name
+    worker = services["spark-worker"]
+    assert "ivm-warehouse:/opt/ivm/warehouse" in worker["volumes"]
+    assert worker["depends_on"]["spark-master"]["condition"] == "service_healthy"
+    assert "healthcheck" in services["postgres"]
+    assert set(doc["volumes"]) >= {"ivm-warehouse", "airflow-logs", "airflow-auth"}
+    # the README's path from `docker compose up` to a triggered refresh names what exists
+    for step in ("docker compose up -d --build", "include/docker/load-demo.sh", "airflow dags unpause ivm_refresh",
+                 "airflow dags trigger ivm_refresh"):
+        assert step in readme, step
+    assert (REPO / "include" / "docker" / "load-demo.sh").stat().st_mode & 0o111

@@ -1,7 +1,9 @@
 """The data-quality page (ivm.orchestration.quality, plugins/ivm_quality.py): served on loopback as the
-Airflow API server mounts it, it refuses anonymous requests and shows, to a signed-in user, each view's
-runs and the run whose validation failed; headless Chromium (Debian's chromium and chromium-driver,
-.ci/chromium.sh) renders the page with its chart and follows the link to the Data Docs."""
+Airflow API server mounts it, it refuses anonymous requests (its API docs too) and users Airflow's auth
+manager does not let read the views' DAGs, shows a user only the views whose DAGs they may read, and
+shows, to a signed-in user, each view's runs and the run whose validation failed; headless Chromium
+(Debian's chromium and chromium-driver, .ci/chromium.sh) renders the page with its chart and follows
+the link to the Data Docs."""
 
 from __future__ import annotations
 
@@ -41,7 +43,10 @@ def project(tmp_path_factory, spark):
     from ivm import Project
 
     root = tmp_path_factory.mktemp("quality")
-    path = write_project(root / "project", TABLES, views=views("fail"))
+    # per_k is refreshed by ivm_refresh_hourly, joined by ivm_refresh: a user may read one and not the other
+    project_views = views("fail")
+    project_views["per_k"]["schedule"] = "@hourly"
+    path = write_project(root / "project", TABLES, views=project_views)
     p = Project.open(str(path))
     p.apply()
     load_and_change(p, root)
@@ -63,8 +68,11 @@ from airflow.api_fastapi.app import init_auth_manager
 from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
 from ivm.orchestration.quality import create_app
 
-token = init_auth_manager().generate_jwt(SimpleAuthManagerUser(username="admin", role="admin"))
+auth = init_auth_manager()
+token = auth.generate_jwt(SimpleAuthManagerUser(username="admin", role="admin"))
 open(sys.argv[3], "w").write(token)
+# a signed-in user with no role: the simple auth manager lets them read no DAG
+open(sys.argv[3] + ".nobody", "w").write(auth.generate_jwt(SimpleAuthManagerUser(username="nobody", role=None)))
 root = FastAPI()
 root.mount("/ivm", create_app(sys.argv[1]))  # as the API server mounts a plugin's app
 uvicorn.run(root, host="127.0.0.1", port=int(sys.argv[2]), log_level="warning")
@@ -97,22 +105,63 @@ def server(project, tmp_path_factory):
             except httpx.TransportError:
                 assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "server.log").read_text()
                 time.sleep(0.2)
-        yield base, (tmp_path / "token").read_text()
+        yield base, (tmp_path / "token").read_text(), (tmp_path / "token.nobody").read_text()
     finally:
         proc.terminate()
         proc.wait(timeout=30)
 
 
-def test_anonymous_requests_are_refused(server):
-    base, token = server
-    for path in ["/ivm/quality", "/ivm/api/views", "/ivm/quality/chart/per_k.svg", "/ivm/docs/index.html"]:
+def test_anonymous_requests_and_users_without_dag_access_are_refused(server):
+    base, token, nobody = server
+    for path in ["/ivm/quality", "/ivm/api/views", "/ivm/quality/chart/per_k.svg", "/ivm/docs/index.html",
+                 "/ivm/openapi.json", "/ivm/api/docs"]:
         assert get(base + path).status_code == 401, path
         assert get(base + path, cookies={"_token": "not-a-token"}).status_code == 403, path
+    for path in ["/ivm/quality", "/ivm/api/views", "/ivm/quality/chart/per_k.svg", "/ivm/docs/index.html",
+                 "/ivm/quality?run=bad-run"]:
+        refused = get(base + path, cookies={"_token": nobody})
+        assert refused.status_code in (403, 404) and "you may not" in refused.text + "no view", path
     assert get(base + "/ivm/api/views", headers={"Authorization": f"Bearer {token}"}).status_code == 200
+    spec = get(base + "/ivm/openapi.json", cookies={"_token": token})
+    assert spec.status_code == 200 and "/quality" in spec.json()["paths"]
+    assert "swagger" in get(base + "/ivm/api/docs", cookies={"_token": token}).text.lower()
+
+
+def test_a_user_sees_only_the_views_of_the_dags_they_may_read(project, monkeypatch):
+    """Airflow's auth manager lets the user read ivm_refresh_hourly (per_k's DAG) and not ivm_refresh
+    (joined's): the page, the API, the charts, a run and the Data Docs show per_k only."""
+    from fastapi.testclient import TestClient
+
+    from ivm.orchestration import quality
+
+    asked = []
+
+    def readable(user, dag_ids):
+        asked.append((user, sorted(dag_ids)))
+        return {d for d in dag_ids if d == "ivm_refresh_hourly"}
+
+    monkeypatch.setattr(quality, "readable_dags", readable)
+    app = quality.create_app(project[1])
+    app.dependency_overrides[quality.signed_in_user()] = lambda: "analyst"
+    client = TestClient(app)
+    assert set(client.get("/api/views").json()) == {"per_k"}
+    assert asked[0] == ("analyst", ["ivm_refresh", "ivm_refresh_hourly"])
+    page = client.get("/quality?run=bad-run")
+    assert page.status_code == 200 and 'id="view-per_k"' in page.text and 'id="view-joined"' not in page.text
+    assert 'data-view="joined"' not in page.text
+    assert client.get("/quality?view=joined").status_code == 404
+    assert client.get("/quality/chart/joined.svg").status_code == 404
+    assert client.get("/quality/chart/per_k.svg").status_code == 200
+    assert client.get("/docs/index.html").status_code == 403  # (the index lists every view's results)
+    assert client.get("/docs/validations/ivm/joined/bad-run/x.html").status_code == 403
+    assert client.get("/docs/expectations/ivm/joined.html").status_code == 403
+    assert client.get("/docs/expectations/ivm/per_k.html").status_code == 200
+    monkeypatch.setattr(quality, "readable_dags", lambda user, dag_ids: set(dag_ids))
+    assert set(client.get("/api/views").json()) == {"per_k", "joined"}
 
 
 def test_the_page_shows_runs_and_the_failed_validation(server, project):
-    base, token = server
+    base, token, _ = server
     p, _ = project
     views = get(base + "/ivm/api/views", cookies={"_token": token}).json()
     assert set(views) == {"per_k", "joined"}
@@ -137,7 +186,7 @@ def test_headless_chromium_renders_the_page(server):
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
 
-    base, token = server
+    base, token, _ = server
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for arg in ["--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"]:

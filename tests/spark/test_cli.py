@@ -30,9 +30,11 @@ def test_the_commands_end_to_end(capsys, project_file, tmp_path, monkeypatch):
     assert (code, out) == (0, "link: loaded 2 rows as version 1\n")
     code, out, _ = run(capsys, "log", "append", "link", str(tmp_path / "c1.csv"))
     assert (code, out) == (0, "link: appended 2 changes as commit version 1 (segment 1)\n")
-    code, out, _ = run(capsys, "refresh")
-    assert code == 0 and "trim: link: commit versions 1..1, 2 changes -> net delta of 2 rows" in out
-    assert "refresh succeeded" in out.splitlines()[-1]
+    code, out, err = run(capsys, "refresh", "--format", "json")  # one JSON document; progress on stderr
+    assert code == 0 and "trim: link: commit versions 1..1, 2 changes -> net delta of 2 rows" in err
+    refreshed = json.loads(out)
+    assert refreshed["status"] == "succeeded" and refreshed["run"].startswith("refresh-")
+    assert [(t["table"], t["log_rows"], t["delta_rows"]) for t in refreshed["tables"]] == [("link", 2, 2)]
     code, out, _ = run(capsys, "show", "link", "--format", "csv")
     assert (code, out) == (0, "src,dst\nb,c\nc,d\n")
     code, out, _ = run(capsys, "show", "link", "--format", "json", "--limit", "1")
@@ -41,6 +43,10 @@ def test_the_commands_end_to_end(capsys, project_file, tmp_path, monkeypatch):
     assert code == 0 and "| b     | c     |" in out
     code, out, _ = run(capsys, "runs", "--limit", "5")
     assert code == 0 and "refresh" in out and "link:2" in out and "load" in out
+    code, out, _ = run(capsys, "runs", "--limit", "5", "--format", "json")
+    runs = json.loads(out)
+    assert [r["kind"] for r in runs][:1] == ["refresh"] and runs[0]["run"] == refreshed["run"]
+    assert {(s["stage"], s["relation"], s["delta_rows"]) for s in runs[0]["stages"]} >= {("trim", "link", 2)}
     assert run(capsys, "refresh")[1].startswith("plan: no table has changes")
     assert run(capsys, "compact", "link", "--force")[1].startswith("compact: link: 2 layers -> 1 base layer")
     assert run(capsys, "gc")[1].startswith("gc: dropped")

@@ -1,12 +1,15 @@
 """The DAG factory (DESIGN.md §9): from the project file, one scheduled refresh DAG per schedule group
-and one backfill DAG for manual runs, every stage a spark-submit of ``jobs/ivm_stage.py``.
+and one backfill DAG for manual runs, a task per stage of ivm.refresh.stages.STAGES.
 
-    ivm_refresh[_<schedule>]   plan → trim → maintain_stratum_1 … n → validate → publish → sink → assets
-                               → compact → report (a task per stage of ivm.refresh.stages.STAGES, and
-                               the asset events of the views the run changed)
+    ivm_refresh[_<schedule>]   plan → trim → [stratum_k: views → maintain] … → validate → publish → sink
+                               → assets → compact → report
     ivm_backfill               the same, triggered by hand with params: views, full, from_version, sample
 
-The validate task links to the run's data-quality page (ivm.orchestration.links, plugins/).
+The catalog-only stages (plan, publish, report) are Python tasks on the worker; the others spark-submits
+of ``jobs/ivm_stage.py`` that skip themselves when the run gives them nothing to do; a failure no retry
+heals fails its task at once; the report runs whatever became of the rest and fails a failed run
+(ivm.orchestration.operators). The validate task links to the run's data-quality page
+(ivm.orchestration.links, plugins/). `build_dags`'s options: `DagOptions`, dags/README.md.
 
 Assets (data-aware scheduling): every view is the Airflow asset ``ivm://<project>/<view>``. After the
 stage that makes a run's views readable outside ivm (the sink: their Delta tables), the ``assets`` task
@@ -18,10 +21,10 @@ asset on every success). A Delta source is the asset of its location (``file:///
 read as inlets, and a schedule group whose ``schedule`` is ``@sources`` runs whenever one of them gets
 an asset event (the user's pipeline declaring the source as its outlet) instead of on a cron string.
 
-Each ``maintain_stratum_k`` is mapped over the views the run planned in stratum k (a small Python task,
-``views_stratum_k``, reads them from the run's record), so the views of one stratum run side by side
-and an empty stratum is skipped. All tasks of one DAG run share one ivm run id, derived from the DAG
-run; ``publish`` is the only task that changes what readers see.
+Each stratum is a task group: ``stratum_k.maintain`` is mapped over the views the run planned in stratum
+k (a small Python task, ``stratum_k.views``, reads them from the run's record), so the views of one
+stratum run side by side and an empty stratum is skipped. All tasks of one DAG run share one ivm run
+id, derived from the DAG run; ``publish`` is the only task that changes what readers see.
 
 The project file is found the way the CLI finds it: ``IVM_PROJECT``, else the demo project. The Spark
 connection is ``spark_default`` (``IVM_SPARK_CONN_ID`` to choose another): ``local[*]`` runs the jobs
@@ -35,8 +38,10 @@ import hashlib
 import os
 import re
 import sys
-from datetime import UTC, datetime
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from ivm.config import PROJECT_ENV, ProjectConfig, load_project, resolve_location
 from ivm.errors import ConfigError
@@ -92,17 +97,69 @@ def source_asset_uri(config: ProjectConfig, table: str) -> str:
     return where if "://" in where else Path(where).as_uri()
 
 
-def build_dags(jobs_dir: str | Path, path: str | None = None, conn_id: str | None = None) -> dict:
-    """Every DAG of the project at ``path`` (default: `project_file()`), by DAG id."""
+#: what `build_dags`'s ``spark`` option may set per stage: SparkSubmitOperator's parameters
+SPARK_SETTINGS = ("driver_memory", "executor_memory", "executor_cores", "num_executors", "total_executor_cores",
+                  "conf")
+#: the tasks' default_args unless the caller's say otherwise: transient failures are retried (the ones no
+#: retry heals fail at once, ivm.orchestration.operators)
+DEFAULT_ARGS = {"owner": "ivm", "retries": 2, "retry_delay": timedelta(seconds=30)}
+
+
+@dataclass(frozen=True)
+class DagOptions:
+    """`build_dags`'s options for every DAG it makes (documented in dags/README.md)."""
+
+    #: Airflow's default_args of every task (owner, retries, on_failure_callback, execution_timeout, ...),
+    #: over `DEFAULT_ARGS`
+    default_args: dict[str, Any] = field(default_factory=dict)
+    #: the Airflow pool of every spark-submit task (None: default_pool): its slots bound the Spark jobs
+    #: that run at once across all ivm DAGs, so a standalone cluster is not oversubscribed
+    spark_pool: str | None = None
+    #: at most this many maintain tasks of one stratum at once in a DAG run (None: as many as the pool
+    #: and the executor allow)
+    maintain_parallelism: int | None = None
+    #: Spark settings by stage name ("*": every Spark stage), keys of `SPARK_SETTINGS`; a stage's own
+    #: settings win over "*", its ``conf`` merged over ivm's and the project's
+    spark: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self):
+        from ivm.refresh.stages import STAGES
+
+        spark_stages = {s.name for s in STAGES if not s.catalog_only}
+        for stage, settings in self.spark.items():
+            if stage != "*" and stage not in spark_stages:
+                raise ConfigError(f"build_dags: spark[{stage!r}]: not a stage that runs Spark; use '*' or one of "
+                                  + ", ".join(sorted(spark_stages)))
+            unknown = sorted(set(settings) - set(SPARK_SETTINGS))
+            if unknown:
+                raise ConfigError(f"build_dags: spark[{stage!r}]: unknown setting {unknown[0]!r}; use "
+                                  + ", ".join(SPARK_SETTINGS))
+        if self.maintain_parallelism is not None and self.maintain_parallelism < 1:
+            raise ConfigError("build_dags: maintain_parallelism must be at least 1")
+
+    def spark_kwargs(self, stage: str, conf: dict[str, str]) -> dict[str, Any]:
+        """The SparkSubmitOperator parameters of ``stage``'s tasks beyond the application: its settings,
+        ``conf`` (ivm's) under them, and the pool."""
+        settings = {**self.spark.get("*", {}), **self.spark.get(stage, {})}
+        merged = {**conf, **self.spark.get("*", {}).get("conf", {}), **self.spark.get(stage, {}).get("conf", {})}
+        return {**settings, "conf": merged, **({"pool": self.spark_pool} if self.spark_pool else {})}
+
+
+def build_dags(jobs_dir: str | Path, path: str | None = None, conn_id: str | None = None, *,
+               default_args: dict[str, Any] | None = None, spark_pool: str | None = None,
+               maintain_parallelism: int | None = None, spark: dict[str, dict[str, Any]] | None = None) -> dict:
+    """Every DAG of the project at ``path`` (default: `project_file()`), by DAG id. The keyword options
+    are `DagOptions`'s (dags/README.md)."""
     from ivm.lang import compile_project
     from ivm.stratify import stratify
 
+    options = DagOptions(default_args or {}, spark_pool, maintain_parallelism, spark or {})
     path = path or project_file()
     config = load_project(path)
     program = compile_project(config)
     strata = stratify(program)
-    conn_id = conn_id or os.environ.get("IVM_SPARK_CONN_ID", "spark_default")
-    job = str(Path(jobs_dir) / "ivm_stage.py")
+    factory = _Factory(str(Path(jobs_dir) / "ivm_stage.py"), path,
+                       conn_id or os.environ.get("IVM_SPARK_CONN_ID", "spark_default"), config, strata, options)
 
     def closure(views: list[str]) -> list[str]:
         """The views a refresh of ``views`` maintains: they and the views they read."""
@@ -122,11 +179,12 @@ def build_dags(jobs_dir: str | Path, path: str | None = None, conn_id: str | Non
         if schedule == SOURCES_SCHEDULE and not sources(views):
             raise ConfigError(f"views.{sorted(views)[0]}.schedule: {SOURCES_SCHEDULE} runs on the asset events of "
                               f"the Delta sources its views read, and {', '.join(sorted(views))} read none")
-        dags[dag_id] = _dag(dag_id, schedule, job, path, conn_id, closure(views), sources(views), strata, config,
-                            plan_args=["--views", ",".join(sorted(views)), "--mode", "auto"], validate_args=[],
-                            doc=f"Scheduled refresh of {', '.join(sorted(views))} ({schedule or 'no schedule'}).")
-    dags["ivm_backfill"] = _dag(
-        "ivm_backfill", None, job, path, conn_id, sorted(config.views), sources(list(config.views)), strata, config,
+        dags[dag_id] = factory.dag(dag_id, schedule, closure(views), sources(views),
+                                   plan_args=["--views", ",".join(sorted(views)), "--mode", "auto"], validate_args=[],
+                                   doc=f"Scheduled refresh of {', '.join(sorted(views))} "
+                                       f"({schedule or 'no schedule'}).")
+    dags["ivm_backfill"] = factory.dag(
+        "ivm_backfill", None, sorted(config.views), sources(list(config.views)),
         plan_args=["--views", "{{ params.views | join(',') }}", "--mode", "{{ 'full' if params.full else 'auto' }}",
                    "--kind", "backfill", "--from-version", "{{ params.from_version or '' }}"],
         validate_args=["--sample", "{{ '' if params.sample is none else params.sample }}"],
@@ -142,64 +200,136 @@ def build_dags(jobs_dir: str | Path, path: str | None = None, conn_id: str | Non
     return dags
 
 
-def _dag(dag_id, schedule, job, path, conn_id, views, sources, strata, config, plan_args, validate_args, doc,
-         params=None):
-    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-    from airflow.sdk import DAG, Asset, AssetAny, Param, TriggerRule
+@dataclass(frozen=True)
+class _Factory:
+    """What every DAG of one project shares: the job, the project, the Spark connection, the options."""
 
-    from ivm.orchestration.links import ValidateOperator
-    from ivm.refresh.stages import STAGES
+    job: str
+    path: str
+    conn_id: str
+    config: ProjectConfig
+    strata: Any
+    options: DagOptions
 
-    # the driver runs the interpreter Airflow runs (it has ivm installed); so do local executors
-    env = {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable, PROJECT_ENV: path}
-    # ivm's Spark defaults (quiet logs, no UI, few shuffle partitions) and the project's `spark.conf`;
-    # the master is the connection's
-    conf = with_delta(project_conf(config))
-    # Delta's jars go to the driver and the executors (spark-submit --jars)
-    jars = conf.pop("spark.jars", "")
-    common = {"application": job, "conn_id": conn_id, "env_vars": env, "conf": conf, "retries": 2,
-              **({"jars": jars} if jars else {})}
+    @property
+    def in_worker(self) -> bool:
+        """Whether the catalog-only stages run as Python tasks on the worker: not when a table's Delta
+        source is named in the Spark catalog (plan and publish find its location through Spark's
+        metastore), where every stage is a spark-submit."""
+        return not any(t.source is not None and t.source.table is not None for t in self.config.tables.values())
 
-    def submit(stage: str, *extra: str, operator=SparkSubmitOperator, **kwargs):
-        return operator(task_id=stage, name=f"ivm-{stage}",
-                        application_args=[stage, "--run-id", RUN, "--project", path, *extra], **common, **kwargs)
+    def dag(self, dag_id, schedule, views, sources, plan_args, validate_args, doc, params=None):
+        from airflow.sdk import DAG, Asset, AssetAny, Param, TriggerRule
 
-    inlets = [Asset(source_asset_uri(config, t)) for t in sources]
-    if schedule == SOURCES_SCHEDULE:
-        schedule = AssetAny(*inlets)
-    with DAG(dag_id, schedule=schedule, start_date=datetime(2026, 1, 1, tzinfo=UTC), catchup=False,
-             max_active_runs=1, tags=["ivm"], doc_md=doc, user_defined_macros={"ivm_run_id": run_id_for},
-             params={k: Param(v, description=d, **schema) for k, (v, d, schema) in (params or {}).items()}) as dag:
-        args = {"plan": plan_args, "validate": validate_args}
-        # the validate task links to the run's data-quality page
-        kwargs = {"validate": {"operator": ValidateOperator}}
-        previous, mapped = None, False  # (after a mapped stage, a task runs unless one failed: none_failed)
-        for stage in STAGES:  # one task per stage, in order (ivm.refresh.stages)
-            if stage.per_view:
-                for stratum in sorted({strata.stratum_of[v] for v in views}):
-                    previous = _per_view(stage, stratum, path, common, previous)
-                mapped = True
-                continue
-            rule = {"trigger_rule": TriggerRule.NONE_FAILED} if mapped else {}
-            # the first stage plans on the sources' newest versions: they are its inlets
-            lineage = {"inlets": inlets} if stage is STAGES[0] and inlets else {}
-            current = submit(stage.name, *args.get(stage.name, []), **kwargs.get(stage.name, {}), **rule, **lineage)
-            if previous is not None:
-                previous >> current
-            previous = current
-            if stage.readable:
-                previous = _announce(dag_id, path, config, previous)
-    return dag
+        from ivm.orchestration.operators import SparkStageOperator, ValidateOperator
+        from ivm.refresh.stages import STAGES
+
+        # the driver runs the interpreter Airflow runs (it has ivm installed); so do local executors
+        env = {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable, PROJECT_ENV: self.path}
+        # ivm's Spark defaults (quiet logs, no UI, few shuffle partitions) and the project's `spark.conf`;
+        # the master is the connection's
+        conf = with_delta(project_conf(self.config))
+        # Delta's jars go to the driver and the executors (spark-submit --jars)
+        jars = conf.pop("spark.jars", "")
+        common = {"application": self.job, "conn_id": self.conn_id, "env_vars": env, **({"jars": jars} if jars else {})}
+        inlets = [Asset(source_asset_uri(self.config, t)) for t in sources]
+        if schedule == SOURCES_SCHEDULE:
+            schedule = AssetAny(*inlets)
+        with DAG(dag_id, schedule=schedule, start_date=datetime(2026, 1, 1, tzinfo=UTC), catchup=False,
+                 max_active_runs=1, tags=["ivm"], doc_md=doc, user_defined_macros={"ivm_run_id": run_id_for},
+                 default_args={**DEFAULT_ARGS, **self.options.default_args},
+                 params={k: Param(v, description=d, **schema) for k, (v, d, schema) in (params or {}).items()}) as dag:
+            args = {"plan": plan_args, "validate": validate_args}
+            previous = None
+            for stage in STAGES:  # one task per stage, in order (ivm.refresh.stages)
+                argv = [stage.name, "--run-id", RUN, "--project", self.path, *args.get(stage.name, [])]
+                # after the plan, a task runs unless one before it failed (a stage with nothing to do is
+                # skipped, and the next still runs); the report runs whatever became of them
+                rule = (TriggerRule.ALL_DONE if stage is STAGES[-1] else TriggerRule.NONE_FAILED if previous
+                        else TriggerRule.ALL_SUCCESS)
+                # the first stage plans on the sources' newest versions: they are its inlets
+                lineage = {"inlets": inlets} if stage is STAGES[0] and inlets else {}
+                if stage.per_view:
+                    for stratum in sorted({self.strata.stratum_of[v] for v in views}):
+                        previous = self._per_view(stage, stratum, common, conf, previous)
+                    continue
+                if stage.catalog_only and self.in_worker:
+                    current = _python_stage(stage, argv, rule, lineage)
+                else:
+                    operator = ValidateOperator if stage.name == "validate" else SparkStageOperator
+                    current = operator(task_id=stage.name, name=f"ivm-{stage.name}", application_args=argv,
+                                       trigger_rule=rule, **lineage, **common,
+                                       **self.options.spark_kwargs(stage.name, conf))
+                if previous is not None:
+                    previous >> current
+                previous = current
+                if stage.readable:
+                    previous = _announce(dag_id, self.path, self.config, previous)
+        return dag
+
+    def _per_view(self, stage, stratum: int, common: dict, conf: dict[str, str], previous):
+        """A stage run per view (maintain) for one stratum, in the task group ``stratum_<k>``: a small
+        Python task (``views``) reads the views the run planned there from its record, and the stage's
+        spark-submit is mapped over them (an empty stratum is skipped)."""
+        from airflow.sdk import TaskGroup, TriggerRule, task
+
+        from ivm.orchestration.operators import SparkStageOperator
+
+        path = self.path
+
+        with TaskGroup(f"stratum_{stratum}", tooltip=f"the views of stratum {stratum}, maintained side by side"):
+            @task(task_id="views", trigger_rule=TriggerRule.NONE_FAILED)
+            def select(ivm_run: str) -> list[list[str]]:
+                """The stage's command line for each view the run planned here."""
+                from ivm.orchestration.stages import views_of_stratum
+                from ivm.project import Project
+
+                project = Project.open(path)
+                try:
+                    return [[stage.name, "--run-id", ivm_run, "--project", path, "--views", v]
+                            for v in views_of_stratum(project.ctx, ivm_run, stratum)]
+                finally:
+                    project.close()
+
+            chosen = select(RUN)
+            parallel = self.options.maintain_parallelism
+            # each mapped task shows its view in the UI (its arguments end with `--views VIEW`)
+            mapped = SparkStageOperator.partial(
+                task_id=stage.name, name=f"ivm-{stage.name}", trigger_rule=TriggerRule.NONE_FAILED,
+                map_index_template="{{ task.application_args[-1] }}", **common,
+                **self.options.spark_kwargs(stage.name, conf),
+                **({"max_active_tis_per_dagrun": parallel} if parallel else {})).expand(application_args=chosen)
+        if previous is not None:
+            previous >> chosen
+        chosen >> mapped
+        return mapped
+
+
+def _python_stage(stage, argv: list[str], rule, lineage: dict):
+    """A catalog-only stage as a Python task on the worker (ivm.orchestration.operators); its command
+    line is templated like a spark-submit's."""
+    from airflow.sdk import task
+
+    from ivm.orchestration import operators
+
+    run = operators.run_report if stage.name == "report" else operators.run_catalog_stage
+
+    @task(task_id=stage.name, trigger_rule=rule, doc_md=f"The {stage.name} stage, on the Airflow worker (no Spark).",
+          **lineage)
+    def python_stage(command: list[str]) -> dict:
+        return run(command)
+
+    return python_stage(argv)
 
 
 def _announce(dag_id: str, path: str, config: ProjectConfig, previous):
     """The ``assets`` task: an asset event for each view the run changed (`changed_views`), with what
     changed in its extra, through the DAG's asset alias."""
-    from airflow.sdk import Asset, AssetAlias, task
+    from airflow.sdk import Asset, AssetAlias, TriggerRule, task
 
     alias = AssetAlias(f"{dag_id}_views")
 
-    @task(task_id="assets", outlets=[alias])
+    @task(task_id="assets", outlets=[alias], trigger_rule=TriggerRule.NONE_FAILED)
     def assets(ivm_run: str, *, outlet_events=None) -> dict:
         """Send the asset events of the views run ``ivm_run`` changed; returns what it sent."""
         from ivm.orchestration.stages import changed_views
@@ -217,35 +347,3 @@ def _announce(dag_id: str, path: str, config: ProjectConfig, previous):
     current = assets(RUN)
     previous >> current
     return current
-
-
-def _per_view(stage, stratum: int, path: str, common: dict, previous):
-    """A stage run per view (maintain) for one stratum: a small Python task reads the views the run
-    planned there from its record, and the stage's spark-submit is mapped over them (an empty stratum
-    is skipped)."""
-    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-    from airflow.sdk import TriggerRule, task
-
-    @task(task_id=f"views_stratum_{stratum}", trigger_rule=TriggerRule.NONE_FAILED)
-    def select(ivm_run: str) -> list[list[str]]:
-        """The spark-submit arguments of one task per view the run planned here."""
-        from ivm.orchestration.stages import views_of_stratum
-        from ivm.project import Project
-
-        project = Project.open(path)
-        try:
-            return [[stage.name, "--run-id", ivm_run, "--project", path, "--views", v]
-                    for v in views_of_stratum(project.ctx, ivm_run, stratum)]
-        finally:
-            project.close()
-
-    chosen = select(RUN)
-    # each mapped task shows its view in the UI (its arguments end with `--views VIEW`)
-    mapped = SparkSubmitOperator.partial(task_id=f"{stage.name}_stratum_{stratum}", name=f"ivm-{stage.name}",
-                                         trigger_rule=TriggerRule.NONE_FAILED,
-                                         map_index_template="{{ task.application_args[-1] }}", **common
-                                         ).expand(application_args=chosen)
-    if previous is not None:
-        previous >> chosen
-    chosen >> mapped
-    return mapped

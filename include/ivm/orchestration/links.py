@@ -1,4 +1,4 @@
-"""The validate task of the ivm DAGs and its extra link to the run's data-quality report (DESIGN.md §9).
+"""The validate tasks' extra link to the run's data-quality report (DESIGN.md §9).
 
 Airflow 3 resolves a task's extra links when the task finishes and keeps each URL as an XCom
 (``_link_DataQualityLink``), so the UI shows the button without importing this module."""
@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from urllib.parse import quote
 
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import BaseOperatorLink
 
 from ivm.orchestration.stages import run_id_for
@@ -31,9 +30,3 @@ class DataQualityLink(BaseOperatorLink):
 
     def get_link(self, operator, *, ti_key) -> str:
         return quality_url(run_id_for(ti_key.dag_id, ti_key.run_id))
-
-
-class ValidateOperator(SparkSubmitOperator):
-    """The validate stage: a spark-submit of jobs/ivm_stage.py, with a link to its data-quality report."""
-
-    operator_extra_links = (DataQualityLink(),)

@@ -8,10 +8,17 @@ plugin (plugins/ivm_quality.py) mounts on the Airflow 3 API server under ``/ivm`
     /ivm/api/views                   the same figures as JSON
     /ivm/docs/{path}                 the Great Expectations Data Docs in the warehouse
 
+    /ivm/api/docs, /ivm/openapi.json  the app's own API docs (FastAPI's), for signed-in users
+
 Airflow 3 does not put a plugin's FastAPI app behind its authentication: every route here depends on
 Airflow's ``get_user`` (the ``_token`` cookie the UI sets when a user signs in, or an
-``Authorization: Bearer`` token), so an anonymous request is refused with 401. The figures come from
-the project's catalog (the project file as the CLI finds it: ``IVM_PROJECT``, else the demo project).
+``Authorization: Bearer`` token), so an anonymous request is refused with 401. And it shows a user only
+what Airflow's auth manager lets them read: a view when they may read the runs of its refresh DAG
+(ivm.orchestration.dags.dag_id_for its schedule), a run when they may see one of its views, a Data Docs
+page of a view's validation when they may see the view, the site's index and a run of tables alone
+when they may see every view; a request for nothing they may see is refused with 403. The figures come
+from the project's catalog (the project file as the CLI finds it: ``IVM_PROJECT``, else the demo
+project).
 """
 
 # no `from __future__ import annotations`: FastAPI reads the routes' annotations, which name the local
@@ -39,6 +46,16 @@ def signed_in_user():
     return get_user
 
 
+def readable_dags(user, dag_ids: set[str]) -> set[str]:
+    """The DAGs among ``dag_ids`` whose runs Airflow's auth manager lets ``user`` read."""
+    from airflow.api_fastapi.app import get_auth_manager
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity, DagDetails
+
+    auth = get_auth_manager()
+    return {d for d in dag_ids if auth.is_authorized_dag(method="GET", access_entity=DagAccessEntity.RUN,
+                                                         details=DagDetails(id=d), user=user)}
+
+
 @dataclass
 class RunRow:
     run_id: str
@@ -60,6 +77,14 @@ class QualityData:
         self.project = self.config.project_name
         self.catalog = Catalog.open(self.config.catalog_url)
         self.docs_root = _local_docs_root(self.config.warehouse_uri)
+
+    def visible(self, user) -> set[str]:
+        """The views ``user`` may see: those whose refresh DAG's runs they may read."""
+        from ivm.orchestration.dags import dag_id_for
+
+        dags = {v: dag_id_for(c.schedule) for v, c in self.config.views.items()}
+        readable = readable_dags(user, set(dags.values()))
+        return {v for v, d in dags.items() if d in readable}
 
     def views(self) -> dict[str, list[RunRow]]:
         """Per view, its runs newest first: each run that maintained it, with its validation."""
@@ -188,10 +213,13 @@ section.view { margin-bottom: 2em; } .chart svg { max-width: 100%; height: auto;
 
 def create_app(project_path: str | None = None) -> FastAPI:
     """The app; ``project_path`` defaults to the project file the DAGs use."""
+    from fastapi.openapi.docs import get_swagger_ui_html
+
     from ivm.orchestration.dags import project_file
 
     path = project_path or project_file()
-    app = FastAPI(title="ivm data quality", description=__doc__)
+    # (FastAPI's own /docs and /openapi.json would be served to anyone: they are routes below, behind login)
+    app = FastAPI(title="ivm data quality", description=__doc__, docs_url=None, redoc_url=None, openapi_url=None)
     User = Annotated[Any, Depends(signed_in_user())]
     state: dict[str, QualityData] = {}
 
@@ -200,39 +228,70 @@ def create_app(project_path: str | None = None) -> FastAPI:
             state["data"] = QualityData(path)
         return state["data"]
 
+    def visible(user) -> set[str]:
+        """The views the user may see; 403 when none."""
+        seen = data().visible(user)
+        if not seen:
+            raise HTTPException(status_code=403, detail="you may not read the runs of any ivm DAG")
+        return seen
+
     @app.get("/quality", response_class=HTMLResponse)
     def page(user: User, run: Annotated[str | None, Query()] = None,
              view: Annotated[str | None, Query()] = None) -> str:
         d = data()
-        views = d.views()
+        seen = visible(user)
+        views = {v: rows for v, rows in d.views().items() if v in seen}
         if view is not None:
             if view not in views:
                 raise HTTPException(status_code=404, detail=f"no view {view}")
             views = {view: views[view]}
         detail, checks = d.run(run) if run else (None, {})
+        if detail is not None:
+            named = set(detail.relations) & set(d.config.views)
+            if not (named & seen) and not (not named and seen == set(d.config.views)):
+                raise HTTPException(status_code=403, detail=f"you may not see run {run}")
+            checks = {v: c for v, c in checks.items() if v in seen}
         return PAGE.render(project=d.project, views=views, run=detail, run_checks=checks,
                            charts={v: chart_svg(v, rows) for v, rows in views.items() if rows})
 
     @app.get("/quality/chart/{view}.svg")
     def chart(user: User, view: str) -> Response:
         views = data().views()
-        if view not in views:
+        if view not in views or view not in visible(user):
             raise HTTPException(status_code=404, detail=f"no view {view}")
         return Response(chart_svg(view, views[view]), media_type="image/svg+xml")
 
     @app.get("/api/views")
     def api_views(user: User) -> dict[str, list[dict[str, Any]]]:
-        return {v: [r.__dict__ for r in rows] for v, rows in data().views().items()}
+        seen = visible(user)
+        return {v: [r.__dict__ for r in rows] for v, rows in data().views().items() if v in seen}
 
     @app.get("/docs/{page:path}")
     def docs(user: User, page: str) -> FileResponse:
-        root = data().docs_root
+        d = data()
+        root = d.docs_root
         if root is None:
             raise HTTPException(status_code=404, detail="the Data Docs are not in a local warehouse")
+        seen = visible(user)
+        # a view's pages sit under validations/ivm/<view>/ and expectations/ivm/<view>.html (its suite is
+        # ivm.<view>, ivm.expectations, and GE makes the dots folders); the index lists every view's
+        parts = page.split("/")
+        owner = (parts[2].removesuffix(".html")
+                 if len(parts) > 2 and parts[0] in ("validations", "expectations") and parts[1] == "ivm" else None)
+        if (owner is not None and owner not in seen) or (page.endswith("index.html") and owner is None
+                                                          and seen != set(d.config.views)):
+            raise HTTPException(status_code=403, detail=f"you may not see the Data Docs page {page}")
         target = (root / page).resolve()
         if not target.is_relative_to(root) or not target.is_file():
             raise HTTPException(status_code=404, detail=f"no Data Docs page {page}")
         return FileResponse(target)
 
-    return app
+    @app.get("/openapi.json", include_in_schema=False)
+    def openapi(user: User) -> dict[str, Any]:
+        return app.openapi()
 
+    @app.get("/api/docs", include_in_schema=False)
+    def api_docs(user: User) -> HTMLResponse:
+        return get_swagger_ui_html(openapi_url="../openapi.json", title=app.title)
+
+    return app

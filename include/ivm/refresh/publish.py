@@ -105,12 +105,34 @@ def catch_up_sinks(ctx: RunContext, snapshot: dict[str, int], progress: Progress
     ctx.catalog.finish_run(run_id, "succeeded")
 
 
+def _grown(ctx: RunContext, run_id: str) -> list[str]:
+    """The relations run ``run_id`` added a delta layer to."""
+    p, _ = load_plan(ctx, run_id)
+    return [t.table for t in p.tables if t.layer] + [r for v in p.views if v.mode is Mode.INCREMENTAL for r in v.layers]
+
+
 def compact_stage(ctx: RunContext, run_id: str, progress: Progress = lambda _: None) -> list[str]:
     """Stage 6: compact the relations this run grew past their thresholds, each in its own transaction."""
+    return [c.relation for c in compaction.compact(ctx, _grown(ctx, run_id), progress=progress)]
+
+
+# -- what a stage has to do in a run, from the catalog alone (the DAG skips a Spark task with nothing) ----
+
+
+def sink_idle(ctx: RunContext, run_id: str) -> str | None:
+    """Why the sink stage has nothing to write for run ``run_id`` (None: it has)."""
+    if not ctx.config.storage.delta_views:
+        return "storage.delta_views is off"
     p, _ = load_plan(ctx, run_id)
-    grown = [t.table for t in p.tables if t.layer] + [
-        r for v in p.views if v.mode is Mode.INCREMENTAL for r in v.layers]
-    return [c.relation for c in compaction.compact(ctx, grown, progress=progress)]
+    return None if p.views or sinks.behind(ctx) else "the run refreshed no view"
+
+
+def compact_idle(ctx: RunContext, run_id: str) -> str | None:
+    """Why the compact stage has nothing to compact after run ``run_id`` (None: it has)."""
+    settings = ctx.config.storage
+    if any(compaction.needs_compaction(ctx.catalog.state(r), settings) for r in _grown(ctx, run_id)):
+        return None
+    return "no relation the run grew is past the compaction thresholds"
 
 
 def report(ctx: RunContext, run_id: str) -> RefreshResult:

@@ -209,6 +209,17 @@ class RefreshResult:
     views: list[ViewWork] = field(default_factory=list)
     compacted: list[str] = field(default_factory=list)
 
+    def to_json(self) -> dict[str, Any]:
+        """As `ivm refresh --format json` prints it."""
+        return {"run": self.run_id, "status": self.status, "seconds": round(self.seconds, 3), "snapshot": self.snapshot,
+                "tables": [{"table": t.table, "from_version": t.from_version, "to_version": t.to_version,
+                            "log_rows": t.log_rows, "delta_rows": t.delta_rows, "seconds": round(t.seconds, 3),
+                            "quarantined": [q.commit_version for q in t.quarantined]} for t in self.tables],
+                "views": [{"view": v.view, "mode": str(v.mode), "reason": v.reason, "strategy": v.strategy,
+                           "delta_in": v.delta_in, "rows_changed": v.rows_changed, "rows": v.rows,
+                           "seconds": round(v.seconds, 3)} for v in self.views],
+                "compacted": self.compacted}
+
     SUMMARY_HEADERS = ["relation", "mode", "commit versions", "rows in the delta", "rows changed", "rows written",
                        "seconds"]
 

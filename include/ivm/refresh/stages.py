@@ -20,9 +20,9 @@ from tabulate import tabulate
 from ivm.context import RunContext
 from ivm.errors import ConfigError
 from ivm.modes import Mode
+from ivm.refresh import publish
 from ivm.refresh.maintenance import maintain_stage
-from ivm.refresh.plan import begin, plan
-from ivm.refresh.publish import catch_up_sinks, compact_stage, publish_stage, report, sink_stage
+from ivm.refresh.plan import begin, load_plan, plan
 from ivm.refresh.record import RefreshResult
 from ivm.refresh.trim import trim_stage
 from ivm.refresh.validation import validate_stage
@@ -62,6 +62,12 @@ class Stage:
     #: after it, readers outside ivm see the run's views (their Delta tables): the DAG sends the changed
     #: views' asset events here
     readable: bool = False
+    #: reads and writes the catalog alone, never Spark: the DAG runs it as a Python task on the Airflow
+    #: worker (no spark-submit, no JVM)
+    catalog_only: bool = False
+    #: why run ``run_id`` gives the stage nothing to do (None: it has work), from the catalog alone: the
+    #: DAG skips the stage's spark-submit then (a run with nothing to do starts no JVM)
+    idle: Callable[[RunContext, str], str | None] = lambda ctx, run_id: None
 
 
 def _plan(ctx: RunContext, a: StageArgs, say: Progress) -> None:
@@ -71,25 +77,42 @@ def _plan(ctx: RunContext, a: StageArgs, say: Progress) -> None:
         + ("; ".join(f"{w.view} (stratum {w.stratum}): {w.mode}, {w.reason}" for w in p.views) or "nothing to do"))
 
 
+def _trim_idle(ctx: RunContext, run_id: str) -> str | None:
+    return None if load_plan(ctx, run_id)[0].tables else "no table has changes past its watermark"
+
+
+def _validate_idle(ctx: RunContext, run_id: str) -> str | None:
+    p, _ = load_plan(ctx, run_id)
+    return None if any(v.mode is Mode.INCREMENTAL for v in p.views) else "no view was maintained incrementally"
+
+
 def _report(ctx: RunContext, a: StageArgs, say: Progress) -> RefreshResult:
-    result = report(ctx, a.run_id)
-    say(f"run {a.run_id} {result.status}\n"
-        + tabulate(result.summary_rows(), headers=result.SUMMARY_HEADERS, tablefmt="simple"))
+    result = publish.report(ctx, a.run_id)
+    if result.status == "noop":
+        say(f"run {a.run_id} noop: no table has changes past its watermark and every view is current; nothing "
+            "was refreshed")
+    else:
+        say(f"run {a.run_id} {result.status}\n"
+            + tabulate(result.summary_rows(), headers=result.SUMMARY_HEADERS, tablefmt="simple"))
     return result
 
 
 #: a run's stages, in order (DESIGN.md §6)
 STAGES: tuple[Stage, ...] = (
-    Stage("plan", _plan, spark=False),
-    Stage("trim", lambda ctx, a, say: trim_stage(ctx, a.run_id, say), spark=True),
+    Stage("plan", _plan, spark=False, catalog_only=True),
+    Stage("trim", lambda ctx, a, say: trim_stage(ctx, a.run_id, say), spark=True, idle=_trim_idle),
     Stage("maintain", lambda ctx, a, say: maintain_stage(ctx, a.run_id, list(a.views) or None, say), spark=True,
           per_view=True),
-    Stage("validate", lambda ctx, a, say: validate_stage(ctx, a.run_id, say, a.sample), spark=True),
-    Stage("publish", lambda ctx, a, say: publish_stage(ctx, a.run_id, say), spark=False, commit=True),
+    Stage("validate", lambda ctx, a, say: validate_stage(ctx, a.run_id, say, a.sample), spark=True,
+          idle=_validate_idle),
+    Stage("publish", lambda ctx, a, say: publish.publish_stage(ctx, a.run_id, say), spark=False, commit=True,
+          catalog_only=True),
     # (Spark starts only when a view is written: `storage.delta_views` off, the stage does nothing)
-    Stage("sink", lambda ctx, a, say: sink_stage(ctx, a.run_id, say), spark=False, readable=True),
-    Stage("compact", lambda ctx, a, say: compact_stage(ctx, a.run_id, say), spark=False),
-    Stage("report", _report, spark=False, in_process=False),
+    Stage("sink", lambda ctx, a, say: publish.sink_stage(ctx, a.run_id, say), spark=False, readable=True,
+          idle=publish.sink_idle),
+    Stage("compact", lambda ctx, a, say: publish.compact_stage(ctx, a.run_id, say), spark=False,
+          idle=publish.compact_idle),
+    Stage("report", _report, spark=False, in_process=False, catalog_only=True),
 )
 STAGE_NAMES = tuple(s.name for s in STAGES)
 
@@ -128,7 +151,7 @@ def refresh(ctx: RunContext, progress: Progress = lambda _: None, views: list[st
     p = plan(ctx, views, mode, run_id, from_version)
     if not p.tables and not p.views:
         progress("plan: no table has changes past its watermark and every view is current; nothing to refresh")
-        catch_up_sinks(ctx, p.snapshot, progress)
+        publish.catch_up_sinks(ctx, p.snapshot, progress)
         return RefreshResult(None, "noop", p.snapshot, [], time.perf_counter() - started)
     progress(f"plan: run {p.run_id}, snapshot " + ", ".join(f"{t}@{v}" for t, v in p.snapshot.items())
              + f"; {len(p.tables)} tables and {len(p.views)} views to refresh"

@@ -1,0 +1,113 @@
+"""How the ivm DAGs run a stage (DESIGN.md §9), from one command line (ivm.orchestration.stages
+.parse_stage_args):
+
+* a stage that needs Spark (trim, maintain, validate, sink, compact) as a spark-submit of
+  ``jobs/ivm_stage.py`` — `SparkStageOperator`, which first asks the catalog whether the run gives the
+  stage anything to do and skips the task if not (Stage.idle: a run with nothing to do starts no JVM);
+* a stage that only reads and writes the catalog (plan, publish, report) as a Python task on the
+  Airflow worker — `run_catalog_stage`, `run_report`.
+
+Either way a failure no retry can heal (ivm.orchestration.stages.PERMANENT: a bad project or name, bad
+change data, a stage out of order, a failed validation) fails the task at once with its one line
+(AirflowFailException); anything else (Spark lost, the catalog unreachable, a lease held) is retried. A
+task returns a small summary as its XCom: the run, the relations, rows changed, seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+
+from ivm.catalog.store import aware
+from ivm.errors import IvmError
+from ivm.orchestration.links import DataQualityLink
+from ivm.orchestration.stages import PERMANENT, parse_stage_args, stage_summary
+from ivm.project import Project
+from ivm.refresh import stages
+
+log = logging.getLogger("ivm.stage")
+
+
+@contextmanager
+def opened(path: str | None, stage: str) -> Iterator[Project]:
+    """The project, for what the worker itself does (catalog reads and writes): no Spark. An IvmError
+    no retry heals fails the task at once."""
+
+    def no_spark():
+        raise RuntimeError(f"ivm {stage}: a stage run on the Airflow worker asked for Spark")
+
+    project = None
+    try:
+        project = Project.open(path, start_spark=no_spark)
+        yield project
+    except IvmError as e:
+        if e.exit_code in PERMANENT:
+            raise AirflowFailException(f"ivm {stage}: {e} (exit code {e.exit_code}: not retried)") from None
+        raise
+    finally:
+        if project is not None:
+            project.close()
+
+
+def run_catalog_stage(argv: list[str]) -> dict:
+    """A catalog-only stage (plan, publish) in this process; its summary."""
+    name, path, args = parse_stage_args(argv)
+    started = time.perf_counter()
+    with opened(path, name) as project:
+        stages.run_stage(project.ctx, name, args)
+        return {**stage_summary(project.ctx, args.run_id, name), "seconds": round(time.perf_counter() - started, 2)}
+
+
+def run_report(argv: list[str]) -> dict:
+    """The report task (it runs whatever became of the stages before it): the run as its record tells it,
+    in the task log; the task fails if the run failed, with the stage and the one-line error."""
+    name, path, args = parse_stage_args(argv)
+    with opened(path, name) as project:
+        run = project.catalog.get_run(args.run_id)
+        if run is None:
+            raise AirflowFailException(f"ivm run {args.run_id} was never planned: see the plan task's log")
+        if any(r.stage == "plan" for r in project.catalog.stage_records(args.run_id)):
+            stages.run_stage(project.ctx, name, args)
+        if run.status == "failed":
+            raise AirflowFailException(f"ivm run {args.run_id} failed: {run.error}")
+        changed = [r for r in project.catalog.stage_records(args.run_id) if r.stage == "maintain"]
+        return {"run": args.run_id, "status": run.status, "relations": [r.relation for r in changed],
+                "rows_changed": sum(r.delta_rows or 0 for r in changed),
+                "seconds": round((aware(run.finished_at) - aware(run.started_at)).total_seconds(), 2)
+                if run.finished_at else None}
+
+
+class SparkStageOperator(SparkSubmitOperator):
+    """A stage as a spark-submit of ``jobs/ivm_stage.py``: skipped when the run gives it nothing to do,
+    failed without retries on an exit code no retry heals, its summary returned."""
+
+    def execute(self, context) -> dict:
+        name, path, args = parse_stage_args(list(self.application_args))
+        started = time.perf_counter()
+        with opened(path, name) as project:
+            why = stages.stage(name).idle(project.ctx, args.run_id)
+            if why is not None:
+                raise AirflowSkipException(f"ivm {name}: nothing to do in run {args.run_id}: {why}")
+            try:
+                super().execute(context)
+            except Exception:
+                code = getattr(getattr(self._hook, "_submit_sp", None), "returncode", None)
+                if code not in PERMANENT:
+                    raise
+                run = project.catalog.get_run(args.run_id)
+                error = run.error if run is not None and run.status == "failed" else f"{name}: see the task log"
+                raise AirflowFailException(f"ivm run {args.run_id} failed: {error} (exit code {code}: not retried)"
+                                           ) from None
+            summary = stage_summary(project.ctx, args.run_id, name, args.views)
+        return {**summary, "seconds": round(time.perf_counter() - started, 2)}
+
+
+class ValidateOperator(SparkStageOperator):
+    """The validate stage, with a link to its run's data-quality report."""
+
+    operator_extra_links = (DataQualityLink(),)
