@@ -1,35 +1,44 @@
 """Great Expectations 1.x over a view's sampled comparison (DESIGN.md §7, ivm.validate).
 
-Per view, a suite checks the comparison frame (the view's columns, ``__staged`` and ``__expected``
-counts of each sampled row):
+Per view, a suite (``ivm.<view>``) checks the comparison frame (the view's columns, ``__staged`` and
+``__expected`` counts of each sampled row):
 
 * ``expect_column_pair_values_to_be_equal(__staged, __expected)``: no mismatching row;
 * ``expect_column_values_to_be_between(__staged, min 1)`` over the rows the state holds (the
   row condition ``__staged != 0``): no negative or zero count;
-* with a declared ``key``: its columns not null and unique over the rows the state holds;
-* the view's own ``validate.expectations`` from the project file (GE's ``{type, kwargs}`` form), over
-  the rows the state holds.
+* with a declared ``key``: its columns not null and unique over the rows the state holds.
 
-It runs through a Checkpoint whose UpdateDataDocsAction writes the Data Docs to
-``<warehouse>/reports/data_docs`` (a local folder or S3); each view's result page is its report. The
-comparison is a pandas frame of about twice the sample (ivm.validate brings it to the driver): GE's
-pandas engine checks it in milliseconds, where its Spark engine would launch a job per metric.
+The comparison is a pandas frame of about twice the sample (ivm.validate brings it to the driver): GE's
+pandas engine checks it in milliseconds, where its Spark engine would launch a job per metric. The
+view's own ``validate.expectations`` from the project file (GE's ``{type, kwargs}`` form) are a second
+suite (``ivm.<view>.view``), run by GE's Spark engine over the view's whole new state as SQL returns it
+(`run_on_view`) — the state the run publishes, whether maintained or recomputed.
 
-The context is ephemeral (suites and results live in the process; the catalog keeps the summary and
-the Data Docs keep the pages) and made once per process: importing GE takes seconds.
+Each runs through a Checkpoint whose UpdateDataDocsAction writes the Data Docs to
+``<warehouse>/reports/data_docs`` (a local folder or S3); each view's result page is its report. For a
+local warehouse the context is a file data context in ``<warehouse>/reports/gx``: suites and every
+run's validation results persist there, so each Data Docs build lists every earlier run and no page a
+link points at goes away (processes take a lock on it one at a time). For a warehouse on S3 it is
+ephemeral (the results of the process; its pages stay on S3, the index lists the process's runs). It
+is made once per process: importing GE takes seconds.
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ivm.errors import ConfigError
 
 if TYPE_CHECKING:
     import pandas as pd
+    from pyspark.sql import DataFrame
 
 log = logging.getLogger(__name__)
 
@@ -64,9 +73,10 @@ def docs_site(warehouse_uri: str) -> dict | None:
             "store_backend": backend}
 
 
-def user_expectation(spec: dict[str, Any], view: str, columns: list[str]):
-    """A ``{type, kwargs}`` expectation of the project file as a GE expectation, restricted to the rows
-    the view's state holds; a one-line ConfigError naming the view when GE or the columns disagree."""
+def user_expectation(spec: dict[str, Any], view: str, columns: list[str], held_only: bool = True):
+    """A ``{type, kwargs}`` expectation of the project file as a GE expectation (``held_only``: restricted
+    to the rows of a comparison frame the view's state holds); a one-line ConfigError naming the view
+    when GE or the columns disagree."""
     from great_expectations.expectations.expectation_configuration import ExpectationConfiguration
 
     kwargs = dict(spec.get("kwargs") or {})
@@ -74,7 +84,7 @@ def user_expectation(spec: dict[str, Any], view: str, columns: list[str]):
     unknown = [c for c in named if c not in columns]
     if unknown:
         raise ConfigError(f"views.{view}.validate.expectations: {spec['type']}: unknown column {unknown[0]!r}")
-    if "row_condition" not in kwargs:
+    if held_only and "row_condition" not in kwargs:
         kwargs["row_condition"] = held()
     try:
         return ExpectationConfiguration(type=spec["type"], kwargs=kwargs).to_domain_obj()
@@ -91,6 +101,8 @@ def held():
 
 
 def suite_expectations(view: str, columns: list[str], key: list[str] | None, user: list[dict[str, Any]]) -> list:
+    """The comparison frame's suite (``user``: the project's expectations too, as `ivm apply` checks
+    them; the sampled check runs them over the whole view instead, `run_on_view`)."""
     import great_expectations.expectations as gxe
 
     out = [gxe.ExpectColumnPairValuesToBeEqual(column_A=STAGED, column_B=EXPECTED,
@@ -107,43 +119,56 @@ def suite_expectations(view: str, columns: list[str], key: list[str] | None, use
     return out
 
 
+def local_root(warehouse_uri: str) -> Path | None:
+    """Where a local warehouse's GE project lives (its ``gx`` folder): ``<warehouse>/reports``."""
+    if "://" in warehouse_uri and not warehouse_uri.startswith("file://"):
+        return None
+    return Path(warehouse_uri.removeprefix("file://")) / "reports"
+
+
+@contextmanager
+def _locked(warehouse_uri: str) -> Iterator[None]:
+    """One process at a time in a local warehouse's GE project (validate tasks of several DAG runs)."""
+    root = local_root(warehouse_uri)
+    if root is None:
+        yield
+        return
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".gx.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 @cache
 def _context(warehouse_uri: str):
     import great_expectations as gx
     from great_expectations.data_context.types.base import ProgressBarsConfig
 
-    context = gx.get_context(mode="ephemeral")
+    root = local_root(warehouse_uri)
+    context = (gx.get_context(mode="file", project_root_dir=str(root)) if root is not None
+               else gx.get_context(mode="ephemeral"))
     context.variables.progress_bars = ProgressBarsConfig(globally=False)
     site = docs_site(warehouse_uri)
-    if site is not None:
+    if site is not None and SITE not in (context.variables.data_docs_sites or {}):
         context.add_data_docs_site(site_name=SITE, site_config=site)
-    return context, context.data_sources.add_pandas(name="ivm"), site is not None
+    return context, site is not None
 
 
-def run_suite(warehouse_uri: str, run_id: str, view: str, frame: pd.DataFrame, columns: list[str],
-              key: list[str] | None, user: list[dict[str, Any]]) -> SuiteResult:
-    """Validate ``frame`` (a view's comparison) with the view's suite through a Checkpoint that updates
-    the Data Docs; returns each expectation's outcome and the view's report page."""
+def _checkpoint(context, docs: bool, name: str, batch, expectations: list, run_id: str, parameters: dict):
+    """Run ``expectations`` as suite ``name`` over ``batch`` through a Checkpoint that updates the Data
+    Docs; the outcomes and the report page."""
     import great_expectations as gx
 
-    context, source, docs = _context(warehouse_uri)
-    name = f"ivm.{view}"
-    try:
-        asset = source.get_asset(name)
-    except LookupError:
-        asset = source.add_dataframe_asset(name=name)
-    try:
-        batch = asset.get_batch_definition(name)
-    except (KeyError, LookupError, ValueError):
-        batch = asset.add_batch_definition_whole_dataframe(name)
-    suite = context.suites.add_or_update(gx.ExpectationSuite(name=name, expectations=suite_expectations(
-        view, columns, key, user)))
+    suite = context.suites.add_or_update(gx.ExpectationSuite(name=name, expectations=expectations))
     definition = context.validation_definitions.add_or_update(gx.ValidationDefinition(name=name, data=batch,
                                                                                       suite=suite))
     actions = [gx.checkpoint.UpdateDataDocsAction(name="data_docs", site_names=[SITE])] if docs else []
     checkpoint = context.checkpoints.add_or_update(gx.Checkpoint(
         name=name, validation_definitions=[definition], actions=actions, result_format={"result_format": "SUMMARY"}))
-    result = checkpoint.run(batch_parameters={"dataframe": frame}, run_id=gx.RunIdentifier(run_name=run_id))
+    result = checkpoint.run(batch_parameters=parameters, run_id=gx.RunIdentifier(run_name=run_id))
     (identifier, validation), = result.run_results.items()
     outcomes = []
     for r in validation.results:
@@ -158,6 +183,42 @@ def run_suite(warehouse_uri: str, run_id: str, view: str, frame: pd.DataFrame, c
         urls = context.get_docs_sites_urls(resource_identifier=identifier, site_names=[SITE])
         uri = urls[0]["site_url"] if urls else None
     return SuiteResult(bool(result.success), outcomes, uri)
+
+
+def _batch(source, name: str):
+    """The whole-dataframe batch definition ``name`` of ``source`` (made on first use)."""
+    try:
+        asset = source.get_asset(name)
+    except LookupError:
+        asset = source.add_dataframe_asset(name=name)
+    try:
+        return asset.get_batch_definition(name)
+    except (KeyError, LookupError, ValueError):
+        return asset.add_batch_definition_whole_dataframe(name)
+
+
+def run_suite(warehouse_uri: str, run_id: str, view: str, frame: pd.DataFrame, columns: list[str],
+              key: list[str] | None) -> SuiteResult:
+    """Validate ``frame`` (a view's sampled comparison) with the view's suite; each expectation's outcome
+    and the view's report page."""
+    with _locked(warehouse_uri):
+        context, docs = _context(warehouse_uri)
+        source = context.data_sources.add_or_update_pandas(name="ivm")
+        name = f"ivm.{view}"
+        return _checkpoint(context, docs, name, _batch(source, name), suite_expectations(view, columns, key, []),
+                           run_id, {"dataframe": frame})
+
+
+def run_on_view(warehouse_uri: str, run_id: str, view: str, df: DataFrame, user: list[dict[str, Any]]) -> SuiteResult:
+    """The project's expectations of ``view`` over ``df``, its whole state as SQL returns it, with GE's
+    Spark engine on the running session (a Spark job per metric; nothing collected to the driver)."""
+    with _locked(warehouse_uri):
+        context, docs = _context(warehouse_uri)
+        source = context.data_sources.add_or_update_spark(name="ivm_spark", persist=False)
+        name = f"ivm.{view}.view"
+        return _checkpoint(context, docs, name, _batch(source, name),
+                           [user_expectation(spec, view, df.columns, held_only=False) for spec in user], run_id,
+                           {"dataframe": df})
 
 
 def _json(v):

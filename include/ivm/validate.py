@@ -52,7 +52,7 @@ from ivm.ir import GroupBy, Program, Var
 from ivm.maintain.strategy import Form
 from ivm.spark import adaptive
 from ivm.storage import Scratch
-from ivm.zset import consolidate, one_partition, restrict, small_change, union_all
+from ivm.zset import consolidate, expand, one_partition, restrict, small_change, union_all
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -281,6 +281,9 @@ class ViewState:
     form: str = Form.COUNTS
     #: rows of the delta layer
     delta_rows: int = 0
+    #: a full recompute (a first materialization): no sampled comparison — it is its own recomputation —
+    #: only the view's expectations over its state
+    recompute: bool = False
 
 
 @dataclass
@@ -365,31 +368,35 @@ def check_views(ctx: RunContext, run_id: str, states: list[ViewState], tables: d
             t: consolidate(ctx.warehouse.read_layers(ctx.spark, paths, ctx.schema(t), reuse=False))
             for t, paths in tables.items()}, scratch=scratch, limits=ctx.max_iterations)
 
+    sampled = functools.partial(_sampled, full=full, seed=seed)
     checks = []
     for st in states:
         started = time.perf_counter()
         config = ctx.config.views[st.view]
         n = config.validate_.sample if sample is None else sample
-        check = ViewCheck(st.view, "passed", n, negative.get(st.view, broken))
-        if n > 0:
+        check = ViewCheck(st.view, "passed", 0 if st.recompute else n, negative.get(st.view, broken))
+        for what, step, wanted in [("the sampled recomputation", sampled, n > 0 and not st.recompute),
+                                   ("the view's expectations", _on_view, bool(config.validate_.expectations))]:
+            if not wanted:
+                continue
             try:
-                _sampled(ctx, run_id, st, check, full, seed)
+                step(ctx, run_id, st, check)
             except IvmError:
                 raise
             except Exception as e:  # noqa: BLE001 - as above: one line, the view's failed validation
-                log.warning("validate: %s: the sampled recomputation could not run", st.view, exc_info=True)
-                check.problem = "; ".join(filter(None, [check.problem,
-                                                        f"the sampled recomputation could not run: {one_line(e)}"]))
+                log.warning("validate: %s: %s could not run", st.view, what, exc_info=True)
+                check.problem = "; ".join(filter(None, [check.problem, f"{what} could not run: {one_line(e)}"]))
         if check.problem is not None:
             check.status = "warned" if config.validate_.policy == "warn" else "failed"
         check.seconds = time.perf_counter() - started
         c = check.comparison
         ctx.catalog.save_validation(run_id, st.view, len(c.rows) if c else 0, len(c.mismatches) if c else 0,
                                     check.status, check.report_uri, check.summary())
+        met = f"{sum(r['success'] for r in check.expectations)}/{len(check.expectations)} expectations met"
         progress(f"validate: {st.view}: {check.status}"
-                 + (f", {len(c.rows)} sampled rows ({c.touched} touched keys) against the recomputation, "
-                    f"{sum(r['success'] for r in check.expectations)}/{len(check.expectations)} expectations met"
-                    if c else ", no sampled recomputation (sample 0)" if n == 0 else "")
+                 + (f", {len(c.rows)} sampled rows ({c.touched} touched keys) against the recomputation, {met}"
+                    if c else f", a full recompute: {met} over its state" if st.recompute
+                    else ", no sampled recomputation (sample 0)" if n == 0 else "")
                  + (f": {check.problem}" if check.problem else "") + f" ({check.seconds:.2f} s)")
         checks.append(check)
     return checks
@@ -413,13 +420,34 @@ def _sampled(ctx: RunContext, run_id: str, st: ViewState, check: ViewCheck, full
     if st.form == Form.PRESENCE:  # stored without counts: each tuple once
         expected = as_used(program.predicates[st.view], expected)
     check.comparison = c = compare(staged, expected, st.view, ks, check.sample, config.validate_.tolerance)
-    suite = run_suite(ctx.warehouse.uri, run_id, st.view, c.rows, list(schema.names), config.key,
-                      [e.model_dump() for e in config.validate_.expectations])
-    check.expectations, check.report_uri = suite.results, suite.report_uri
-    failed = [r for r in suite.results if not r["success"]]
+    suite = run_suite(ctx.warehouse.uri, run_id, st.view, c.rows, list(schema.names), config.key)
+    check.expectations, check.report_uri = [{**r, "on": "sample"} for r in suite.results], suite.report_uri
     if len(c.mismatches):
         check.problem = "; ".join(filter(None, [check.problem, c.describe()]))
-    elif failed and check.problem is None:
+    else:
+        _failed_expectations(check, suite.results)
+
+
+def _on_view(ctx: RunContext, run_id: str, st: ViewState, check: ViewCheck) -> None:
+    """The project's expectations of the view over its whole new state as SQL returns it (GE's Spark
+    engine: ivm.expectations.run_on_view), into ``check``: what the run publishes, maintained or
+    recomputed."""
+    from ivm.expectations import run_on_view
+    from ivm.maintain.recompute import as_used
+
+    program, _ = ctx.program
+    state = consolidate(ctx.warehouse.read_layers(ctx.spark, st.paths, ctx.schema(st.view), reuse=False))
+    suite = run_on_view(ctx.warehouse.uri, run_id, st.view, expand(as_used(program.predicates[st.view], state)),
+                        [e.model_dump() for e in ctx.config.views[st.view].validate_.expectations])
+    check.expectations += [{**r, "on": "view"} for r in suite.results]
+    check.report_uri = check.report_uri or suite.report_uri
+    _failed_expectations(check, suite.results)
+
+
+def _failed_expectations(check: ViewCheck, results: list[dict]) -> None:
+    """The first failed expectations of ``results`` as the check's problem, unless it has one."""
+    failed = [r for r in results if not r["success"]]
+    if failed and check.problem is None:
         check.problem = "expectation " + "; ".join(
             f"{r['expectation']}"
             f"({', '.join(f'{k}={v}' for k, v in r['kwargs'].items() if k.startswith('column'))})"

@@ -162,3 +162,40 @@ def test_an_error_inside_validation_is_a_failed_check_in_one_line(make_project, 
     status = "failed" if policy == "fail" else "warned"
     problem = "the sampled recomputation could not run: the suite broke"
     assert checks == {v: (status, problem) for v in ["per_k", "joined"]}
+
+
+def test_a_views_expectations_hold_over_its_whole_state_and_the_reports_last(make_project, tmp_path):
+    """The project's expectations of a view run over its whole new state (GE's Spark engine), whether
+    the run recomputes it (a first materialization: nothing published when one fails) or maintains it
+    (caught whichever keys the sample takes); each run's Data Docs stay, listed by the index, across
+    processes (a file data context in the warehouse)."""
+    import ivm.expectations
+
+    small = {"type": "expect_column_values_to_be_between", "kwargs": {"column": "s", "max_value": 100}}
+    p = make_project(TABLES, views={"per_k": {"sql": "SELECT k, count(*) AS n, sum(v) AS s FROM t GROUP BY k",
+                                              "key": ["k"], "validate": {"sample": 1, "expectations": [small]}}})
+    p.load("t", lines(tmp_path / "t.jsonl", [("a", 1), ("b", 150)], cols=("k", "v")))
+    p.load("u", lines(tmp_path / "u.jsonl", [("a", 10)], cols=("k", "w")))
+    with pytest.raises(ValidationError, match=r"^view per_k: expectation expect_column_values_to_be_between"
+                                              r"\(column=s\) failed for 1 rows after run .*; nothing was published$"):
+        p.refresh()
+    assert p.catalog.state("per_k").version_id is None  # (the first materialization did not publish)
+    p.append("t", lines(tmp_path / "c1.jsonl", [("b", 150)], "delete", cols=("k", "v")))
+    first = p.refresh()
+    assert [v.mode for v in first.views] == ["full"]
+    (check,) = p.catalog.validations(view="per_k", run_id=first.run_id)
+    assert check.status == "passed" and [(r["expectation"], r["on"], r["success"]) for r in check.summary[
+        "expectations"]] == [("expect_column_values_to_be_between", "view", True)]
+    first_page = Path(check.report_uri.removeprefix("file://"))
+    assert first_page.is_file()
+    ivm.expectations._context.cache_clear()  # (the next validation as in another process)
+    # two keys change, the sample takes one: the one over 100 is caught either way
+    p.append("t", lines(tmp_path / "c2.jsonl", [("y", 5), ("z", 500)], "insert", cols=("k", "v")))
+    with pytest.raises(ValidationError, match=r"expect_column_values_to_be_between\(column=s\) failed for 1 rows"):
+        p.refresh()
+    run = p.runs(1)[0]
+    (check,) = p.catalog.validations(view="per_k", run_id=run.id)
+    assert check.status == "failed" and {r["on"] for r in check.summary["expectations"]} == {"sample", "view"}
+    assert first_page.is_file()  # the first run's page is still there, and the index lists both runs
+    index = (Path(p.config.warehouse_uri.removeprefix("file://")) / "reports" / "data_docs" / "index.html").read_text()
+    assert first.run_id in index and run.id in index

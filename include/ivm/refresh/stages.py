@@ -83,7 +83,10 @@ def _trim_idle(ctx: RunContext, run_id: str) -> str | None:
 
 def _validate_idle(ctx: RunContext, run_id: str) -> str | None:
     p, _ = load_plan(ctx, run_id)
-    return None if any(v.mode is Mode.INCREMENTAL for v in p.views) else "no view was maintained incrementally"
+    if any(v.mode is Mode.INCREMENTAL or (v.mode is Mode.FULL and ctx.config.views[v.view].validate_.expectations)
+           for v in p.views):
+        return None
+    return "no view was maintained incrementally or recomputed with expectations"
 
 
 def _report(ctx: RunContext, a: StageArgs, say: Progress) -> RefreshResult:

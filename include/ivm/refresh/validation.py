@@ -21,13 +21,20 @@ def validate_stage(ctx: RunContext, run_id: str, progress: Progress = lambda _: 
     """Stage 4: check every incrementally maintained view's staged new state before it is published
     (ivm.validate): no tuple the run changed may end with a negative count, and a sample of its keys
     (the ones the run touched first) recomputed from the new snapshot must equal it, row by row with
-    counts, under its Great Expectations suite. Results go to the catalog. A failing view stops the
-    publish (nothing is applied) unless its policy is ``warn``. ``sample`` overrides the views'
+    counts, under its Great Expectations suite; and the view's own expectations hold over its whole new
+    state — a recomputed view's too (a first materialization). Results go to the catalog. A failing view
+    stops the publish (nothing is applied) unless its policy is ``warn``. ``sample`` overrides the views'
     ``validate.sample``. Returns the views with problems and what they are."""
     p, _ = load_plan(ctx, run_id)
     states = []
     for work in p.views:
-        if work.mode is not Mode.INCREMENTAL:  # a full recompute is its own recomputation; a noop changed nothing
+        if work.mode is Mode.FULL and work.view in work.layers and ctx.config.views[work.view].validate_.expectations:
+            # a full recompute (a first materialization) is its own recomputation: its expectations only
+            layer = work.layers[work.view]
+            states.append(ViewState(work.view, [layer.path], layer.rows or 0, form=stored_form(work.strategy),
+                                    recompute=True))
+            continue
+        if work.mode is not Mode.INCREMENTAL:  # (a noop changed nothing)
             continue
         delta = work.layers.get(work.view)
         old = old_layers(ctx, p, work.view)
@@ -38,7 +45,7 @@ def validate_stage(ctx: RunContext, run_id: str, progress: Progress = lambda _: 
     if not states:
         return {}
     deltas = {t.table: t.layer.path for t in p.tables if t.layer}
-    read = {t for w in p.views if w.mode is Mode.INCREMENTAL for t in w.upstream}
+    read = {t for w in p.views if w.mode is Mode.INCREMENTAL for t in w.upstream}  # (what the samples recompute)
     tables = {t: [path for path, _ in old_layers(ctx, p, t)] + ([deltas[t]] if t in deltas else [])
               for t in sorted(read)}
     checks = check_views(ctx, run_id, states, tables, sample, progress)
