@@ -47,6 +47,7 @@ from ivm.config import PROJECT_ENV, ProjectConfig, load_project, resolve_locatio
 from ivm.errors import ConfigError
 from ivm.orchestration.stages import run_id_for
 from ivm.spark import project_conf, with_delta
+from ivm.stratify import Strata
 
 #: where the demo project lives, for a deployment that does not set IVM_PROJECT
 DEMO_PROJECT = Path(__file__).resolve().parents[2] / "views" / "demo" / "ivm.yaml"
@@ -208,7 +209,7 @@ class _Factory:
     path: str
     conn_id: str
     config: ProjectConfig
-    strata: Any
+    strata: Strata
     options: DagOptions
 
     @property
@@ -221,7 +222,7 @@ class _Factory:
     def dag(self, dag_id, schedule, views, sources, plan_args, validate_args, doc, params=None):
         from airflow.sdk import DAG, Asset, AssetAny, Param, TriggerRule
 
-        from ivm.orchestration.operators import SparkStageOperator, ValidateOperator
+        from ivm.orchestration.operators import SPARK_OPERATORS, SparkStageOperator
         from ivm.refresh.stages import STAGES
 
         # the driver runs the interpreter Airflow runs (it has ivm installed); so do local executors
@@ -256,7 +257,7 @@ class _Factory:
                 if stage.catalog_only and self.in_worker:
                     current = _python_stage(stage, argv, rule, lineage)
                 else:
-                    operator = ValidateOperator if stage.name == "validate" else SparkStageOperator
+                    operator = SPARK_OPERATORS.get(stage.name, SparkStageOperator)
                     current = operator(task_id=stage.name, name=f"ivm-{stage.name}", application_args=argv,
                                        trigger_rule=rule, **lineage, **common,
                                        **self.options.spark_kwargs(stage.name, conf))
@@ -312,7 +313,7 @@ def _python_stage(stage, argv: list[str], rule, lineage: dict):
 
     from ivm.orchestration import operators
 
-    run = operators.run_report if stage.name == "report" else operators.run_catalog_stage
+    run = operators.WORKER_TASKS.get(stage.name, operators.run_catalog_stage)
 
     @task(task_id=stage.name, trigger_rule=rule, doc_md=f"The {stage.name} stage, on the Airflow worker (no Spark).",
           **lineage)

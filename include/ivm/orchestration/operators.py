@@ -15,7 +15,6 @@ task returns a small summary as its XCom: the run, the relations, rows changed, 
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,8 +28,6 @@ from ivm.orchestration.links import DataQualityLink
 from ivm.orchestration.stages import PERMANENT, parse_stage_args, stage_summary
 from ivm.project import Project
 from ivm.refresh import stages
-
-log = logging.getLogger("ivm.stage")
 
 
 @contextmanager
@@ -111,3 +108,9 @@ class ValidateOperator(SparkStageOperator):
     """The validate stage, with a link to its run's data-quality report."""
 
     operator_extra_links = (DataQualityLink(),)
+
+
+#: the operator of a Spark stage, by stage (the others: SparkStageOperator)
+SPARK_OPERATORS: dict[str, type[SparkStageOperator]] = {"validate": ValidateOperator}
+#: what a catalog-only stage's Python task runs, by stage (the others: run_catalog_stage)
+WORKER_TASKS = {"report": run_report}
