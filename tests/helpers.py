@@ -201,6 +201,14 @@ DIALECT_VIEWS = {
                "(SELECT b, min(a) AS mo FROM (SELECT b, a, count(*) AS n, max(count(*)) OVER (PARTITION BY b) AS mx "
                "FROM r WHERE a IS NOT NULL GROUP BY b, a) WHERE n = mx GROUP BY b) m ON r.b IS NOT DISTINCT FROM m.b "
                "GROUP BY r.b, m.mo"),
+    # an aggregate's FILTER, count_if and count over two columns (rewritten by ivm.lang.aggregate_filters);
+    # DuckDB's count takes one argument, and its count_if of only NULL conditions is NULL (Spark's: 0)
+    "v_agg_filter": ("SELECT b, count(*) FILTER (WHERE a > 1) AS n1, sum(a) FILTER (WHERE a > 1) AS s1, "
+                     "max(a) FILTER (WHERE a < 3) AS m1, count(DISTINCT a) FILTER (WHERE a <> 2) AS d1, "
+                     "count_if(a > 2) AS c2, count(a, b) AS nab FROM r GROUP BY b",
+                     "SELECT b, count(*) FILTER (WHERE a > 1), sum(a) FILTER (WHERE a > 1), "
+                     "max(a) FILTER (WHERE a < 3), count(DISTINCT a) FILTER (WHERE a <> 2), "
+                     "count(*) FILTER (WHERE a > 2), count(a) FILTER (WHERE b IS NOT NULL) FROM r GROUP BY b"),
     "v_collect_set": ("SELECT b, collect_set(a) AS s FROM r GROUP BY b",
                       # Spark collects no values into an empty array, where SQL says NULL
                       "SELECT b, coalesce(list_sort(list(DISTINCT a) FILTER (WHERE a IS NOT NULL)), []::INTEGER[]) "

@@ -13,7 +13,12 @@ filter on the key columns' hash (in the sampled range, or one of the touched key
 pushes it below projections, through joins to the side that has the key columns, and below
 aggregates when the keys are the grouping columns (PushPredicateThroughNonJoin and its join
 counterpart), down to the scans; where it cannot (a recursive view's fixpoint), the view is
-recomputed and then filtered.
+recomputed and then filtered. An SQL view's sample is compared a second time with its own SQL text run
+by Spark SQL (`SqlText`): independent of ivm's compiled rules, so a mistake of the front end or of a
+rewrite, which the first comparison shares with maintenance, shows there.
+
+A view's own expectations (``validate.expectations``) run over its whole new state (`_on_view`), after
+every run that changed it, recomputed views included.
 
 The keys of a view are its declared ``key``, else its GROUP BY columns, else all its columns (but
 its DOUBLE and FLOAT ones, when it has others). The comparison holds about twice the sample in rows and
@@ -293,17 +298,30 @@ class ViewCheck:
     sample: int
     problem: str | None = None
     comparison: Comparison | None = None
+    #: an SQL view's sampled comparison with its own SQL text run by Spark SQL (None: not an SQL view, or
+    #: Spark SQL cannot run it: `sql_note` says why)
+    sql_comparison: Comparison | None = None
+    sql_note: str | None = None
     expectations: list[dict] = field(default_factory=list)
     report_uri: str | None = None
     seconds: float = 0.0
 
     def summary(self) -> dict:
         """What the catalog keeps of the check (ivm_validations.summary)."""
-        c = self.comparison
+        c, q = self.comparison, self.sql_comparison
         return jsonable({"problem": self.problem, "sample": self.sample, "seconds": round(self.seconds, 3),
                          "keys": c.keys if c else [], "touched": c.touched if c else 0,
                          "rows": len(c.rows) if c else 0, "truncated": c.truncated if c else False,
-                         "mismatches": c.examples() if c else [], "expectations": self.expectations})
+                         "mismatches": c.examples() if c else [],
+                         "sql": ({"rows": len(q.rows), "mismatches": len(q.mismatches), "examples": q.examples()} if q
+                                 else {"note": self.sql_note} if self.sql_note else None),
+                         "expectations": self.expectations})
+
+    @property
+    def mismatches(self) -> int:
+        """Rows that differ: the most either comparison found (against the compiled rules, against the
+        view's SQL text; mostly the same rows)."""
+        return max([len(c.mismatches) for c in (self.comparison, self.sql_comparison) if c is not None], default=0)
 
 
 def negative_counts(ctx: RunContext, states: list[ViewState]) -> dict[str, str]:
@@ -368,7 +386,8 @@ def check_views(ctx: RunContext, run_id: str, states: list[ViewState], tables: d
             t: consolidate(ctx.warehouse.read_layers(ctx.spark, paths, ctx.schema(t), reuse=False))
             for t, paths in tables.items()}, scratch=scratch, limits=ctx.max_iterations)
 
-    sampled = functools.partial(_sampled, full=full, seed=seed)
+    sql = SqlText(ctx, tables, {st.view: st.paths for st in states})
+    sampled = functools.partial(_sampled, full=full, seed=seed, sql=sql)
     checks = []
     for st in states:
         started = time.perf_counter()
@@ -390,7 +409,7 @@ def check_views(ctx: RunContext, run_id: str, states: list[ViewState], tables: d
             check.status = "warned" if config.validate_.policy == "warn" else "failed"
         check.seconds = time.perf_counter() - started
         c = check.comparison
-        ctx.catalog.save_validation(run_id, st.view, len(c.rows) if c else 0, len(c.mismatches) if c else 0,
+        ctx.catalog.save_validation(run_id, st.view, len(c.rows) if c else 0, check.mismatches,
                                     check.status, check.report_uri, check.summary())
         met = f"{sum(r['success'] for r in check.expectations)}/{len(check.expectations)} expectations met"
         progress(f"validate: {st.view}: {check.status}"
@@ -402,9 +421,11 @@ def check_views(ctx: RunContext, run_id: str, states: list[ViewState], tables: d
     return checks
 
 
-def _sampled(ctx: RunContext, run_id: str, st: ViewState, check: ViewCheck, full: Callable, seed: int) -> None:
+def _sampled(ctx: RunContext, run_id: str, st: ViewState, check: ViewCheck, full: Callable, seed: int,
+             sql: SqlText) -> None:
     """A view's sampled comparison with the recomputation (``full()``: the evaluator over the tables'
-    states) and its Great Expectations suite, into ``check``."""
+    states; and, for an SQL view, its own SQL text: ``sql``) and its Great Expectations suite, into
+    ``check``."""
     from ivm.expectations import run_suite
     from ivm.maintain.recompute import as_used
 
@@ -420,12 +441,103 @@ def _sampled(ctx: RunContext, run_id: str, st: ViewState, check: ViewCheck, full
     if st.form == Form.PRESENCE:  # stored without counts: each tuple once
         expected = as_used(program.predicates[st.view], expected)
     check.comparison = c = compare(staged, expected, st.view, ks, check.sample, config.validate_.tolerance)
+    if config.sql is not None:
+        sql.compare(st.view, ks, check)
     suite = run_suite(ctx.warehouse.uri, run_id, st.view, c.rows, list(schema.names), config.key)
     check.expectations, check.report_uri = [{**r, "on": "sample"} for r in suite.results], suite.report_uri
-    if len(c.mismatches):
-        check.problem = "; ".join(filter(None, [check.problem, c.describe()]))
+    q = check.sql_comparison
+    if len(c.mismatches) or (q is not None and len(q.mismatches)):
+        check.problem = "; ".join(filter(None, [check.problem, c.describe() if len(c.mismatches) else None,
+                                                "against its SQL text (Spark SQL): " + q.describe()
+                                                if q is not None and len(q.mismatches) else None]))
     else:
         _failed_expectations(check, suite.results)
+
+
+class SqlText:
+    """An SQL view's rows as its own SQL text returns them, run by Spark SQL — not through ivm's
+    compiled rules, so a mistake of the front end or of a rewrite shows as a difference (#45, item 3).
+    The tables (their states at the run's snapshot, as SQL sees them) and the SQL views it reads (their
+    own SQL texts) are temporary views of a Spark session of its own (`SparkSession.newSession`: the
+    same cluster, its own temporary views, so no name of the user's session is shadowed). A view that
+    reads a Datalog view, or whose text Spark SQL cannot run (a recursive CTE with UNION, which Spark
+    runs with UNION ALL only; a user-defined aggregate), is compared with the compiled rules alone, and
+    the check says so."""
+
+    def __init__(self, ctx: RunContext, tables: dict[str, list[str]], views: dict[str, list[str]]):
+        #: the tables' layers at the snapshot, and the checked views' (their new states)
+        self.ctx, self.tables, self.views = ctx, tables, views
+        self._session = None
+        self._registered: set[str] = set()
+
+    @property
+    def session(self):
+        from ivm.aggregates import register
+
+        if self._session is None:
+            self._session = self.ctx.spark.newSession()
+            register(self._session, self.ctx.config.aggregates)
+        return self._session
+
+    def _register(self, name: str) -> None:
+        """Table ``name``'s state, or SQL view ``name`` by its text, as the session's temporary view."""
+        from ivm.maintain.recompute import as_used
+
+        if name in self._registered:
+            return
+        program, _ = self.ctx.program
+        if name in self.ctx.config.tables:
+            state = consolidate(self.ctx.warehouse.read_layers(self.session, self.tables[name], self.ctx.schema(name),
+                                                               reuse=False))
+            expand(as_used(program.predicates[name], state)).createOrReplaceTempView(name)
+        else:
+            self.session.sql(self.ctx.config.views[name].sql).createOrReplaceTempView(name)
+        self._registered.add(name)
+
+    def relation(self, view: str) -> DataFrame | str:
+        """The view as a Z-set of its SQL text's multiplicities, in the state's columns and types; or
+        why its text is not run."""
+        _, strata = self.ctx.program
+        config = self.ctx.config
+        # (the tables and views it reads; auxiliary predicates of ivm's rules are no business of its text)
+        read = sorted((r for r in strata.upstream(view) if r != view and (r in config.tables or r in config.views)),
+                      key=lambda r: strata.stratum_of[r])
+        datalog = [r for r in read if r in self.ctx.config.views and self.ctx.config.views[r].sql is None]
+        if datalog:
+            return f"it reads the Datalog view {datalog[0]}"
+        missing = [r for r in read if r in self.ctx.config.tables and r not in self.tables]
+        if missing:
+            return f"the state of {missing[0]} is not at hand"
+        schema = self.ctx.schema(view)
+        names = [f.name for f in schema.fields if f.name != COUNT_COLUMN]
+        try:
+            for r in read:
+                self._register(r)
+            rows = self.session.sql(self.ctx.config.views[view].sql)
+        except Exception as e:  # noqa: BLE001 - Spark's analysis errors differ by version: one line each way
+            return f"Spark SQL cannot run its text ({one_line(e)})"
+        if len(rows.columns) != len(names):
+            return f"its text returns {len(rows.columns)} columns, its state holds {len(names)}"
+        typed = rows.select(*[F.col(f"`{c}`").cast(schema[n].dataType).alias(n)
+                              for c, n in zip(rows.columns, names, strict=True)])
+        return typed.groupBy(*[F.col(f"`{n}`") for n in names]).agg(F.count(F.lit(1)).alias(COUNT_COLUMN))
+
+    def compare(self, view: str, ks: KeySample, check: ViewCheck) -> None:
+        """The sampled comparison of the view's state (as SQL sees it: its counts as used) with its SQL
+        text, into ``check``."""
+        from ivm.maintain.recompute import as_used
+
+        expected = self.relation(view)
+        if isinstance(expected, str):
+            check.sql_note = f"compared with ivm's compiled rules only: {expected}"
+            log.info("validate: %s: %s", view, check.sql_note)
+            return
+        program, _ = self.ctx.program
+        config = self.ctx.config.views[view]
+        state = consolidate(self.ctx.warehouse.read_layers(self.session, self.views[view], self.ctx.schema(view),
+                                                           reuse=False))
+        check.sql_comparison = compare(as_used(program.predicates[view], state), expected, view, ks, check.sample,
+                                       config.validate_.tolerance)
 
 
 def _on_view(ctx: RunContext, run_id: str, st: ViewState, check: ViewCheck) -> None:

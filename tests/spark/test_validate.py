@@ -44,8 +44,10 @@ def test_injected_errors_are_caught_named_and_block_the_publish(make_project, tm
     assert "(k='c', n=1, s=4) has count 0, recomputed 1" in message  # the missing row
     assert "(k='b', n=1, s=3) has count 2, recomputed 1" in message  # the wrong count
     assert "(k='zz', n=1, s=" in message and "has count 1, recomputed 0" in message  # the wrong row
+    # the view's own SQL text, run by Spark SQL, finds the same three (a GROUP BY row is there once)
+    assert "; against its SQL text (Spark SQL): 3 of " in message
     (check,) = p.catalog.validations(view="per_k", run_id=run_id)
-    assert (check.status, check.mismatches) == ("failed", 3)
+    assert (check.status, check.mismatches, check.summary["sql"]["mismatches"]) == ("failed", 3, 3)
     assert {m["row"]["k"] for m in check.summary["mismatches"]} == {"zz", "c", "b"}
     assert check.summary["keys"] == ["k"] and check.summary["touched"] == 5  # a, d (the run) and zz, b, c
     outcomes = {r["expectation"]: r["success"] for r in check.summary["expectations"]}
@@ -199,3 +201,44 @@ def test_a_views_expectations_hold_over_its_whole_state_and_the_reports_last(mak
     assert first_page.is_file()  # the first run's page is still there, and the index lists both runs
     index = (Path(p.config.warehouse_uri.removeprefix("file://")) / "reports" / "data_docs" / "index.html").read_text()
     assert first.run_id in index and run.id in index
+
+
+def test_a_front_end_mistake_is_caught_by_the_views_sql_text(make_project, tmp_path, monkeypatch):
+    """ivm's compiled rules lose the view's WHERE (as a front-end bug would): maintenance and the
+    recomputation from the same rules agree on the wrong rows, the view's own SQL text run by Spark SQL
+    does not — the refresh is refused (#45, item 3). A Datalog view, or an SQL text Spark SQL cannot run
+    (UNION in a recursive CTE), is compared with the rules alone, and its check says so."""
+    import ivm.context
+    from ivm.ir import Condition
+
+    real = ivm.context.compile_project
+
+    def loses_the_where(config):
+        program = real(config)
+        program.rules = [type(r)(r.head, tuple(b for b in r.body if not isinstance(b, Condition)))
+                         if r.head.pred == "big" else r for r in program.rules]
+        return program
+
+    monkeypatch.setattr(ivm.context, "compile_project", loses_the_where)
+    reach = ("WITH RECURSIVE r(src, dst) AS (SELECT k, k FROM t UNION SELECT r.src, t.k FROM r JOIN t "
+             "ON r.dst = t.k) SELECT src, dst FROM r")
+    p = make_project(TABLES, views={"big": {"sql": "SELECT k, v FROM t WHERE v > 2", "validate": {"sample": 100}},
+                                    "loops": {"sql": reach, "validate": {"sample": 100}},
+                                    "pairs": {"datalog": "pairs(K, W) :- t(K, _), u(K, W).",
+                                              "validate": {"sample": 100}}})
+    p.load("t", lines(tmp_path / "t.jsonl", [("a", 1), ("b", 3)], cols=("k", "v")))
+    p.load("u", lines(tmp_path / "u.jsonl", [("a", 10)], cols=("k", "w")))
+    p.refresh()  # (a first materialization: the wrong rules hold (a, 1) as well)
+    p.append("t", lines(tmp_path / "c1.jsonl", [("c", 2), ("d", 5)], "insert", cols=("k", "v")))
+    with pytest.raises(ValidationError, match=r"^view big: against its SQL text \(Spark SQL\): 2 of \d+ sampled rows "
+                                              r"differ from the recomputation: .*has count 1, recomputed 0"):
+        p.refresh()
+    run = p.runs(1)[0]
+    checks = {c.view: c for c in p.catalog.validations(run_id=run.id)}
+    assert checks["big"].summary["sql"]["mismatches"] == 2  # (a, 1) and (c, 2): the WHERE's rows
+    assert {m["row"]["k"] for m in checks["big"].summary["sql"]["examples"]} == {"a", "c"}
+    assert checks["big"].summary["mismatches"] == []  # (the compiled rules agree with themselves)
+    assert checks["pairs"].status == "passed" and checks["pairs"].summary["sql"] is None  # (Datalog: its rules)
+    assert checks["loops"].status == "passed"
+    assert checks["loops"].summary["sql"]["note"].startswith("compared with ivm's compiled rules only: Spark SQL "
+                                                             "cannot run its text")

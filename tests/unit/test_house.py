@@ -112,8 +112,9 @@ def test_strategies_and_modes_are_not_compared_as_strings():
 
 
 @pytest.mark.parametrize("module", ["ivm.modes", "ivm.maintain.strategy", "ivm.maintain.stats", "ivm.refresh.record",
-                                    "ivm.refresh.plan", "ivm.zset", "ivm.lang.allowlist",
-                                    "ivm.validate", "ivm.evolution", "ivm.orchestration.dags"])
+                                    "ivm.refresh.plan", "ivm.zset", "ivm.lang.allowlist", "ivm.lang.aggregate_filters",
+                                    "ivm.validate", "ivm.evolution", "ivm.orchestration.dags",
+                                    "ivm.orchestration.stages"])
 def test_docstring_examples(module):
     result = doctest.testmod(importlib.import_module(module))
     assert result.attempted > 0 and result.failed == 0

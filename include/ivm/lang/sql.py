@@ -43,7 +43,7 @@ from ivm.ir import (
     Unnest,
     Var,
 )
-from ivm.lang import allowlist
+from ivm.lang import aggregate_filters, allowlist
 
 #: sqlglot aggregate classes and the Spark SQL function each stands for
 AGGREGATES: dict[type, str] = {
@@ -132,6 +132,8 @@ class SqlCompiler:
             raise ConfigError(f"views.{name}: SQL syntax error: {str(e).splitlines()[0]}") from e
         if not isinstance(tree, exp.Query):
             raise ConfigError(f"views.{name}: a view is a query (SELECT ...), not {tree.key.upper()}")
+        # (an aggregate's FILTER, count_if, count(a, b): as the aggregates below, by SQL's definition)
+        tree = aggregate_filters.rewrite(tree)
         allowlist.check(tree, name, AGGREGATES, set(self.udas))
         schema = {p.name: {c: "string" for c in p.columns}
                   for p in self.program.predicates.values() if p.kind in ("base", "view")}

@@ -109,7 +109,9 @@ class QualityData:
 
     def validation(self, v) -> dict[str, Any]:
         return {"status": v.status, "sample": v.sample_size, "mismatches": v.mismatches,
-                "report": self.docs_link(v.report_uri), "examples": v.summary.get("mismatches", []),
+                "report": self.docs_link(v.report_uri),
+                # (the rows that differ from the compiled rules' recomputation, then from the view's SQL text)
+                "examples": v.summary.get("mismatches", []) + ((v.summary.get("sql") or {}).get("examples") or []),
                 "problem": v.summary.get("problem"), "touched": v.summary.get("touched", 0),
                 "expectations": v.summary.get("expectations", [])}
 
