@@ -33,10 +33,9 @@ REFUSED = [
     ("SELECT src, first(dst) AS d FROM link GROUP BY src", "the aggregate FIRST() is not supported yet"),
     ("SELECT src, collect_list(dst) AS ds FROM link GROUP BY src", "the aggregate ARRAY_AGG() is not supported yet"),
     ("SELECT src, max_by(dst, cost) AS d FROM clink GROUP BY src", "the aggregate ARG_MAX() is not supported yet"),
-    # (count(*) FILTER, count_if and count(a, b) are rewritten into counts: ivm.lang.aggregate_filters)
+    # (count(*) FILTER, count_if, count([DISTINCT] a, b) are rewritten into counts: ivm.lang.aggregate_filters)
     ("SELECT src, percentile(cost, 0.5) FILTER (WHERE dst > 'a') AS p FROM clink GROUP BY src",
      "the aggregate filter PERCENTILE(cost, 0.5) FILTER(WHERE dst > 'a') (FILTER (WHERE ...)) is not supported yet"),
-    ("SELECT count(DISTINCT src, dst) AS n FROM link", "count over several columns (COUNT(DISTINCT src, dst))"),
     # subqueries where a value stands, and what an IN / EXISTS subquery's compilation would drop
     ("SELECT src, (SELECT max(dst) FROM link) AS m FROM link", "a scalar subquery ((SELECT MAX(dst) FROM link))"),
     ("SELECT src FROM link WHERE dst = (SELECT max(dst) FROM link)", "a scalar subquery"),
@@ -78,7 +77,8 @@ def test_what_the_lists_allow_compiles():
                               "min(cost) AS lo, max(cost) AS hi, stddev_samp(cost) AS sd FROM clink GROUP BY src "
                               "HAVING count(*) > 0"},
         "filtered": {"sql": "SELECT src, count(*) FILTER (WHERE cost > 1) AS n, sum(cost) FILTER (WHERE dst = 'a') "
-                            "AS s, count_if(cost > 2) AS c, count(dst, cost) AS both FROM clink GROUP BY src"},
+                            "AS s, count_if(cost > 2) AS c, count(dst, cost) AS both, "
+                            "count(DISTINCT dst, cost) AS pairs FROM clink GROUP BY src"},
         "subqueries": {"sql": "SELECT f.flight_id FROM flight f WHERE f.flight_id IN (SELECT DISTINCT r.flight_id "
                               "FROM res r) AND NOT EXISTS (SELECT 1 FROM res r WHERE r.flight_id = f.flight_id "
                               "AND r.seat = 'x') AND f.miles > ANY (SELECT r.res_id FROM res r)"},

@@ -7,10 +7,11 @@ rewritten into the aggregates the compiler maintains, as SQL defines them.
   NULL); ``count(*) FILTER (WHERE c)`` counts ``CASE WHEN c THEN 1 END``;
 * ``count_if(c)`` is ``count(CASE WHEN c THEN 1 END)`` (a NULL condition is not true: not counted);
 * ``count(a, b)`` counts the rows where no argument is NULL: ``count(CASE WHEN a IS NOT NULL AND b IS NOT
-  NULL THEN 1 END)``.
+  NULL THEN 1 END)``; ``count(DISTINCT a, b)`` the distinct tuples among them: ``count(DISTINCT CASE WHEN
+  ... THEN named_struct('c0', a, 'c1', b) END)``.
 
-Another aggregate's FILTER, and ``count(DISTINCT a, b)``, stay as they are: the allowlist
-(ivm.lang.allowlist) refuses them with their own message. `rewrite` is a pure function from tree to
+Another aggregate's FILTER stays as it is: the allowlist (ivm.lang.allowlist) refuses it with its own
+message. `rewrite` is a pure function from tree to
 tree, as sqlglot's optimizer rules are.
 
 >>> import sqlglot
@@ -22,6 +23,8 @@ tree, as sqlglot's optimizer rules are.
 "SELECT COUNT(DISTINCT CASE WHEN b = 'x' THEN a END) FROM r"
 >>> show("SELECT count_if(a > 2), count(a, b) FROM r")
 'SELECT COUNT(CASE WHEN a > 2 THEN 1 END), COUNT(CASE WHEN NOT a IS NULL AND NOT b IS NULL THEN 1 END) FROM r'
+>>> show("SELECT count(DISTINCT a, b) FROM r")
+"SELECT COUNT(DISTINCT CASE WHEN NOT a IS NULL AND NOT b IS NULL THEN NAMED_STRUCT('c0', a, 'c1', b) END) FROM r"
 >>> show("SELECT percentile(a, 0.5) FILTER (WHERE a > 1) FROM r")  # (refused later, by the allowlist)
 'SELECT PERCENTILE(a, 0.5) FILTER(WHERE a > 1) FROM r'
 """
@@ -56,10 +59,18 @@ def _node(node: exp.Expression) -> exp.Expression:
     if isinstance(node, exp.CountIf):
         return exp.Count(this=_when(node.this, exp.Literal.number(1)))
     if isinstance(node, exp.Count) and node.expressions and not isinstance(node.this, exp.Distinct):
-        present = exp.and_(*[exp.Not(this=exp.Is(this=a.copy(), expression=exp.Null()))
-                             for a in [node.this, *node.expressions]])
-        return exp.Count(this=_when(present, exp.Literal.number(1)))
+        return exp.Count(this=_when(_present([node.this, *node.expressions]), exp.Literal.number(1)))
+    if isinstance(node, exp.Count) and isinstance(node.this, exp.Distinct) and len(node.this.expressions) > 1:
+        args = node.this.expressions
+        pairs = [x for i, a in enumerate(args) for x in (exp.Literal.string(f"c{i}"), a.copy())]
+        value = exp.Anonymous(this="named_struct", expressions=pairs)
+        return exp.Count(this=exp.Distinct(expressions=[_when(_present(args), value)]))
     return node
+
+
+def _present(args: list[exp.Expression]) -> exp.Expression:
+    """None of ``args`` is NULL."""
+    return exp.and_(*[exp.Not(this=exp.Is(this=a.copy(), expression=exp.Null())) for a in args])
 
 
 def rewrite(tree: exp.Expression) -> exp.Expression:

@@ -8,8 +8,8 @@ scalar functions Spark provides, by sqlglot's class, and more by name in `NAMED_
 `GENERATORS` (LATERAL VIEW's explode and inline, 002's extraction of a nested collection) or the
 aggregates the compiler maps (`ivm.lang.sql.AGGREGATES`), or when it calls one of the project's own
 aggregates. The families the front end cannot maintain yet get a message of their own: window
-functions, QUALIFY, TABLESAMPLE, the FILTER of an aggregate that does not skip NULL, a scalar subquery,
-count(DISTINCT) over several columns (ivm.lang.aggregate_filters rewrites the others before this check),
+functions, QUALIFY, TABLESAMPLE, the FILTER of an aggregate that does not skip NULL, a scalar subquery
+(ivm.lang.aggregate_filters rewrites the other FILTERs, count_if and counts over several columns first),
 nondeterministic functions (no view can be maintained over them: its rows must follow from its tables).
 What an EXISTS / IN / ANY subquery's compilation would drop (its GROUP BY, HAVING, aggregates, ORDER BY,
 LIMIT) is refused where it is compiled (`ivm.lang.sql.SqlCompiler._correlated`).
