@@ -100,9 +100,9 @@ def held():
     return Column(STAGED) != 0
 
 
-def suite_expectations(view: str, columns: list[str], key: list[str] | None, user: list[dict[str, Any]]) -> list:
-    """The comparison frame's suite (``user``: the project's expectations too, as `ivm apply` checks
-    them; the sampled check runs them over the whole view instead, `run_on_view`)."""
+def suite_expectations(key: list[str] | None) -> list:
+    """The comparison frame's suite (the view's own expectations run over its whole state instead:
+    `run_on_view`)."""
     import great_expectations.expectations as gxe
 
     out = [gxe.ExpectColumnPairValuesToBeEqual(column_A=STAGED, column_B=EXPECTED,
@@ -115,7 +115,6 @@ def suite_expectations(view: str, columns: list[str], key: list[str] | None, use
         out.append(gxe.ExpectColumnValuesToBeUnique(column=key[0], row_condition=held()))
     elif key:
         out.append(gxe.ExpectCompoundColumnsToBeUnique(column_list=list(key), row_condition=held()))
-    out += [user_expectation(spec, view, columns) for spec in user]
     return out
 
 
@@ -197,15 +196,14 @@ def _batch(source, name: str):
         return asset.add_batch_definition_whole_dataframe(name)
 
 
-def run_suite(warehouse_uri: str, run_id: str, view: str, frame: pd.DataFrame, columns: list[str],
-              key: list[str] | None) -> SuiteResult:
+def run_suite(warehouse_uri: str, run_id: str, view: str, frame: pd.DataFrame, key: list[str] | None) -> SuiteResult:
     """Validate ``frame`` (a view's sampled comparison) with the view's suite; each expectation's outcome
     and the view's report page."""
     with _locked(warehouse_uri):
         context, docs = _context(warehouse_uri)
         source = context.data_sources.add_or_update_pandas(name="ivm")
         name = f"ivm.{view}"
-        return _checkpoint(context, docs, name, _batch(source, name), suite_expectations(view, columns, key, []),
+        return _checkpoint(context, docs, name, _batch(source, name), suite_expectations(key),
                            run_id, {"dataframe": frame})
 
 

@@ -443,7 +443,7 @@ def _sampled(ctx: RunContext, run_id: str, st: ViewState, check: ViewCheck, full
     check.comparison = c = compare(staged, expected, st.view, ks, check.sample, config.validate_.tolerance)
     if config.sql is not None:
         sql.compare(st.view, ks, check)
-    suite = run_suite(ctx.warehouse.uri, run_id, st.view, c.rows, list(schema.names), config.key)
+    suite = run_suite(ctx.warehouse.uri, run_id, st.view, c.rows, config.key)
     check.expectations, check.report_uri = [{**r, "on": "sample"} for r in suite.results], suite.report_uri
     q = check.sql_comparison
     if len(c.mismatches) or (q is not None and len(q.mismatches)):
