@@ -163,6 +163,10 @@ SQL_VIEWS = {
     "v_exists": "SELECT a, b FROM r WHERE EXISTS (SELECT 1 FROM s WHERE s.b = r.b)",
     "v_not_exists": "SELECT a, b FROM r WHERE NOT EXISTS (SELECT 1 FROM s WHERE s.b = r.b AND s.c > 1)",
     "v_in": "SELECT a FROM r WHERE b IN (SELECT b FROM s)",
+    # TPC-H Q18's shape: IN over GROUP BY / HAVING (ivm.lang.grouped_in), and NOT IN over an aggregate
+    # that can be NULL (SQL's NOT IN then holds for no row)
+    "v_in_grouped": "SELECT a, b FROM r WHERE b IN (SELECT b FROM s GROUP BY b HAVING sum(c) > 2)",
+    "v_not_in_grouped": "SELECT a FROM r WHERE a NOT IN (SELECT max(c) FROM s GROUP BY b)",
     "v_from_sub": "SELECT x.b, x.total FROM (SELECT b, sum(a) AS total FROM r GROUP BY b) x WHERE x.total > 2",
     "v_cte": "WITH big AS (SELECT * FROM s WHERE c >= 1) SELECT r.a, big.c FROM r JOIN big ON r.b = big.b",
     "v_over_view": "SELECT a, count(*) AS n FROM v_join GROUP BY a",

@@ -39,8 +39,9 @@ REFUSED = [
     # subqueries where a value stands, and what an IN / EXISTS subquery's compilation would drop
     ("SELECT src, (SELECT max(dst) FROM link) AS m FROM link", "a scalar subquery ((SELECT MAX(dst) FROM link))"),
     ("SELECT src FROM link WHERE dst = (SELECT max(dst) FROM link)", "a scalar subquery"),
-    ("SELECT flight_id FROM flight WHERE flight_id IN "
-     "(SELECT flight_id FROM res GROUP BY flight_id HAVING count(*) > 1)",
+    # (an uncorrelated IN over GROUP BY / HAVING is read through a subquery in FROM: ivm.lang.grouped_in)
+    ("SELECT f.flight_id FROM flight f WHERE f.flight_id IN "
+     "(SELECT r.flight_id FROM res r WHERE r.seat < f.flight_id GROUP BY r.flight_id HAVING count(*) > 1)",
      "GROUP BY inside an EXISTS / IN / ANY subquery is not supported yet"),
     ("SELECT f.flight_id FROM flight f WHERE EXISTS (SELECT max(r.seat) FROM res r WHERE r.flight_id = f.flight_id)",
      "an aggregate inside an EXISTS / IN / ANY subquery is not supported yet"),

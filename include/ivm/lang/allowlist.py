@@ -12,7 +12,8 @@ functions, QUALIFY, TABLESAMPLE, the FILTER of an aggregate that does not skip N
 (ivm.lang.aggregate_filters rewrites the other FILTERs, count_if and counts over several columns first),
 nondeterministic functions (no view can be maintained over them: its rows must follow from its tables).
 What an EXISTS / IN / ANY subquery's compilation would drop (its GROUP BY, HAVING, aggregates, ORDER BY,
-LIMIT) is refused where it is compiled (`ivm.lang.sql.SqlCompiler._correlated`).
+LIMIT) is refused where it is compiled (`ivm.lang.sql.SqlCompiler._correlated`), once an uncorrelated IN's
+grouping has been read through a subquery in FROM (ivm.lang.grouped_in).
 
 >>> import sqlglot
 >>> refusal(sqlglot.parse_one("SELECT k, count(*) FROM t GROUP BY k", read="spark"), {exp.Count: "count"}, set())
