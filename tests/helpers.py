@@ -209,11 +209,13 @@ DIALECT_VIEWS = {
     # DuckDB's count takes one argument, and its count_if of only NULL conditions is NULL (Spark's: 0)
     "v_agg_filter": ("SELECT b, count(*) FILTER (WHERE a > 1) AS n1, sum(a) FILTER (WHERE a > 1) AS s1, "
                      "max(a) FILTER (WHERE a < 3) AS m1, count(DISTINCT a) FILTER (WHERE a <> 2) AS d1, "
-                     "count_if(a > 2) AS c2, count(a, b) AS nab, count(DISTINCT a, b) AS dab FROM r GROUP BY b",
+                     "count_if(a > 2) AS c2, count(a, b) AS nab, count(DISTINCT a, b) AS dab, "
+                     "avg(a) FILTER (WHERE a > 0) AS av1, min(a) FILTER (WHERE a > 1) AS mn1 FROM r GROUP BY b",
                      "SELECT b, count(*) FILTER (WHERE a > 1), sum(a) FILTER (WHERE a > 1), "
                      "max(a) FILTER (WHERE a < 3), count(DISTINCT a) FILTER (WHERE a <> 2), "
                      "count(*) FILTER (WHERE a > 2), count(a) FILTER (WHERE b IS NOT NULL), "
-                     "count(DISTINCT a) FILTER (WHERE b IS NOT NULL) FROM r GROUP BY b"),
+                     "count(DISTINCT a) FILTER (WHERE b IS NOT NULL), avg(a) FILTER (WHERE a > 0), "
+                     "min(a) FILTER (WHERE a > 1) FROM r GROUP BY b"),
     "v_collect_set": ("SELECT b, collect_set(a) AS s FROM r GROUP BY b",
                       # Spark collects no values into an empty array, where SQL says NULL
                       "SELECT b, coalesce(list_sort(list(DISTINCT a) FILTER (WHERE a IS NOT NULL)), []::INTEGER[]) "

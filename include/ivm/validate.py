@@ -46,7 +46,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DoubleType, FloatType, StructType
 
@@ -324,6 +324,19 @@ class ViewCheck:
         return max([len(c.mismatches) for c in (self.comparison, self.sql_comparison) if c is not None], default=0)
 
 
+def _zset(ctx: RunContext, spark: SparkSession, name: str, paths: list[str]) -> DataFrame:
+    """Relation ``name`` held in the layers at ``paths``, consolidated, read anew (what is on disk)."""
+    return consolidate(ctx.warehouse.read_layers(spark, paths, ctx.schema(name), reuse=False))
+
+
+def _as_sql(ctx: RunContext, spark: SparkSession, name: str, paths: list[str]) -> DataFrame:
+    """Relation ``name`` held in the layers at ``paths`` as SQL returns it (as `RunContext.read_state`
+    does for the published state): bag rows repeated, set rows once, no counts."""
+    from ivm.maintain.recompute import as_used
+
+    return expand(as_used(ctx.program[0].predicates[name], _zset(ctx, spark, name, paths)))
+
+
 def negative_counts(ctx: RunContext, states: list[ViewState]) -> dict[str, str]:
     """No tuple a run changed may end with a count below zero (a delta deleting what was not there):
     for all views in one Spark job over their changed tuples only (one stage when the deltas are a small
@@ -382,9 +395,8 @@ def check_views(ctx: RunContext, run_id: str, states: list[ViewState], tables: d
 
     @functools.cache
     def full() -> Evaluator:  # the recomputation, built for the first view that samples
-        return Evaluator(program, strata, {
-            t: consolidate(ctx.warehouse.read_layers(ctx.spark, paths, ctx.schema(t), reuse=False))
-            for t, paths in tables.items()}, scratch=scratch, limits=ctx.max_iterations)
+        return Evaluator(program, strata, {t: _zset(ctx, ctx.spark, t, paths) for t, paths in tables.items()},
+                         scratch=scratch, limits=ctx.max_iterations)
 
     sql = SqlText(ctx, tables, {st.view: st.paths for st in states})
     sampled = functools.partial(_sampled, full=full, seed=seed, sql=sql)
@@ -433,7 +445,7 @@ def _sampled(ctx: RunContext, run_id: str, st: ViewState, check: ViewCheck, full
     config = ctx.config.views[st.view]
     schema = ctx.schema(st.view)
     # (as the negative-count check, the comparison lists the layers' files anew: what is on disk)
-    staged = consolidate(ctx.warehouse.read_layers(ctx.spark, st.paths, schema, reuse=False))
+    staged = _zset(ctx, ctx.spark, st.view, st.paths)
     keys = key_columns(program, st.view, config.key, floating(schema))
     touched = ctx.warehouse.read_layers(ctx.spark, [st.delta], schema, reuse=False) if st.delta else None
     ks = key_sample(keys, check.sample, st.rows, touched, seed)
@@ -481,15 +493,10 @@ class SqlText:
 
     def _register(self, name: str) -> None:
         """Table ``name``'s state, or SQL view ``name`` by its text, as the session's temporary view."""
-        from ivm.maintain.recompute import as_used
-
         if name in self._registered:
             return
-        program, _ = self.ctx.program
         if name in self.ctx.config.tables:
-            state = consolidate(self.ctx.warehouse.read_layers(self.session, self.tables[name], self.ctx.schema(name),
-                                                               reuse=False))
-            expand(as_used(program.predicates[name], state)).createOrReplaceTempView(name)
+            _as_sql(self.ctx, self.session, name, self.tables[name]).createOrReplaceTempView(name)
         else:
             self.session.sql(self.ctx.config.views[name].sql).createOrReplaceTempView(name)
         self._registered.add(name)
@@ -502,10 +509,10 @@ class SqlText:
         # (the tables and views it reads; auxiliary predicates of ivm's rules are no business of its text)
         read = sorted((r for r in strata.upstream(view) if r != view and (r in config.tables or r in config.views)),
                       key=lambda r: strata.stratum_of[r])
-        datalog = [r for r in read if r in self.ctx.config.views and self.ctx.config.views[r].sql is None]
+        datalog = [r for r in read if r in config.views and config.views[r].sql is None]
         if datalog:
             return f"it reads the Datalog view {datalog[0]}"
-        missing = [r for r in read if r in self.ctx.config.tables and r not in self.tables]
+        missing = [r for r in read if r in config.tables and r not in self.tables]
         if missing:
             return f"the state of {missing[0]} is not at hand"
         schema = self.ctx.schema(view)
@@ -513,7 +520,7 @@ class SqlText:
         try:
             for r in read:
                 self._register(r)
-            rows = self.session.sql(self.ctx.config.views[view].sql)
+            rows = self.session.sql(config.views[view].sql)
         except Exception as e:  # noqa: BLE001 - Spark's analysis errors differ by version: one line each way
             return f"Spark SQL cannot run its text ({one_line(e)})"
         if len(rows.columns) != len(names):
@@ -532,12 +539,9 @@ class SqlText:
             check.sql_note = f"compared with ivm's compiled rules only: {expected}"
             log.info("validate: %s: %s", view, check.sql_note)
             return
-        program, _ = self.ctx.program
-        config = self.ctx.config.views[view]
-        state = consolidate(self.ctx.warehouse.read_layers(self.session, self.views[view], self.ctx.schema(view),
-                                                           reuse=False))
-        check.sql_comparison = compare(as_used(program.predicates[view], state), expected, view, ks, check.sample,
-                                       config.validate_.tolerance)
+        state = as_used(self.ctx.program[0].predicates[view], _zset(self.ctx, self.session, view, self.views[view]))
+        check.sql_comparison = compare(state, expected, view, ks, check.sample,
+                                       self.ctx.config.views[view].validate_.tolerance)
 
 
 def _on_view(ctx: RunContext, run_id: str, st: ViewState, check: ViewCheck) -> None:
@@ -545,11 +549,8 @@ def _on_view(ctx: RunContext, run_id: str, st: ViewState, check: ViewCheck) -> N
     engine: ivm.expectations.run_on_view), into ``check``: what the run publishes, maintained or
     recomputed."""
     from ivm.expectations import run_on_view
-    from ivm.maintain.recompute import as_used
 
-    program, _ = ctx.program
-    state = consolidate(ctx.warehouse.read_layers(ctx.spark, st.paths, ctx.schema(st.view), reuse=False))
-    suite = run_on_view(ctx.warehouse.uri, run_id, st.view, expand(as_used(program.predicates[st.view], state)),
+    suite = run_on_view(ctx.warehouse.uri, run_id, st.view, _as_sql(ctx, ctx.spark, st.view, st.paths),
                         [e.model_dump() for e in ctx.config.views[st.view].validate_.expectations])
     check.expectations += [{**r, "on": "view"} for r in suite.results]
     check.report_uri = check.report_uri or suite.report_uri

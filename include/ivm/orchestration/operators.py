@@ -22,7 +22,6 @@ from contextlib import contextmanager
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from ivm.catalog.store import aware
 from ivm.errors import IvmError
 from ivm.orchestration.links import DataQualityLink
 from ivm.orchestration.stages import PERMANENT, parse_stage_args, stage_summary
@@ -68,15 +67,13 @@ def run_report(argv: list[str]) -> dict:
         run = project.catalog.get_run(args.run_id)
         if run is None:
             raise AirflowFailException(f"ivm run {args.run_id} was never planned: see the plan task's log")
-        if any(r.stage == "plan" for r in project.catalog.stage_records(args.run_id)):
-            stages.run_stage(project.ctx, name, args)
+        planned = any(r.stage == "plan" for r in project.catalog.stage_records(args.run_id))
+        result = stages.run_stage(project.ctx, name, args) if planned else None
         if run.status == "failed":
             raise AirflowFailException(f"ivm run {args.run_id} failed: {run.error}")
-        changed = [r for r in project.catalog.stage_records(args.run_id) if r.stage == "maintain"]
-        return {"run": args.run_id, "status": run.status, "relations": [r.relation for r in changed],
-                "rows_changed": sum(r.delta_rows or 0 for r in changed),
-                "seconds": round((aware(run.finished_at) - aware(run.started_at)).total_seconds(), 2)
-                if run.finished_at else None}
+        # (the views the run maintained, and the run's seconds as its record tells them)
+        return {**stage_summary(project.ctx, args.run_id, "maintain"), "stage": name, "status": run.status,
+                "seconds": round(result.seconds, 2) if result is not None and run.finished_at else None}
 
 
 class SparkStageOperator(SparkSubmitOperator):

@@ -25,7 +25,7 @@ from ivm.refresh.maintenance import maintain_stage
 from ivm.refresh.plan import begin, load_plan, plan
 from ivm.refresh.record import RefreshResult
 from ivm.refresh.trim import trim_stage
-from ivm.refresh.validation import validate_stage
+from ivm.refresh.validation import checked, validate_stage
 
 log = logging.getLogger(__name__)
 
@@ -82,9 +82,7 @@ def _trim_idle(ctx: RunContext, run_id: str) -> str | None:
 
 
 def _validate_idle(ctx: RunContext, run_id: str) -> str | None:
-    p, _ = load_plan(ctx, run_id)
-    if any(v.mode is Mode.INCREMENTAL or (v.mode is Mode.FULL and ctx.config.views[v.view].validate_.expectations)
-           for v in p.views):
+    if any(checked(ctx, v) for v in load_plan(ctx, run_id)[0].views):
         return None
     return "no view was maintained incrementally or recomputed with expectations"
 

@@ -11,9 +11,18 @@ from ivm.errors import ValidationError
 from ivm.maintain.strategy import stored_form
 from ivm.modes import Mode
 from ivm.refresh.plan import load_plan, old_layers
+from ivm.refresh.record import ViewWork
 from ivm.validate import ViewState, check_views
 
 Progress = Callable[[str], None]
+
+
+def checked(ctx: RunContext, work: ViewWork) -> bool:
+    """Whether the validate stage checks the view: maintained incrementally, or recomputed in full (a first
+    materialization) with expectations of its own (a noop changed nothing)."""
+    if work.mode is Mode.FULL:
+        return work.view in work.layers and bool(ctx.config.views[work.view].validate_.expectations)
+    return work.mode is Mode.INCREMENTAL
 
 
 def validate_stage(ctx: RunContext, run_id: str, progress: Progress = lambda _: None,
@@ -28,13 +37,12 @@ def validate_stage(ctx: RunContext, run_id: str, progress: Progress = lambda _: 
     p, _ = load_plan(ctx, run_id)
     states = []
     for work in p.views:
-        if work.mode is Mode.FULL and work.view in work.layers and ctx.config.views[work.view].validate_.expectations:
-            # a full recompute (a first materialization) is its own recomputation: its expectations only
+        if not checked(ctx, work):
+            continue
+        if work.mode is Mode.FULL:  # its own recomputation: its expectations only
             layer = work.layers[work.view]
             states.append(ViewState(work.view, [layer.path], layer.rows or 0, form=stored_form(work.strategy),
                                     recompute=True))
-            continue
-        if work.mode is not Mode.INCREMENTAL:  # (a noop changed nothing)
             continue
         delta = work.layers.get(work.view)
         old = old_layers(ctx, p, work.view)
