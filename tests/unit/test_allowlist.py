@@ -38,9 +38,24 @@ REFUSED = [
      "the aggregate filter PERCENTILE(cost, 0.5) FILTER(WHERE dst > 'a') (FILTER (WHERE ...)) is not supported yet"),
     ("SELECT src, count(src, dst) FILTER (WHERE dst > 'a') AS n FROM link GROUP BY src",
      "(FILTER (WHERE ...)) is not supported yet"),
-    # subqueries where a value stands, and what an IN / EXISTS subquery's compilation would drop
-    ("SELECT src, (SELECT max(dst) FROM link) AS m FROM link", "a scalar subquery ((SELECT MAX(dst) FROM link))"),
-    ("SELECT src FROM link WHERE dst = (SELECT max(dst) FROM link)", "a scalar subquery"),
+    # scalar subqueries ivm.lang.scalar_subqueries cannot decorrelate into a join with an aggregate subview,
+    # and what an IN / EXISTS subquery's compilation would drop
+    ("SELECT src FROM link WHERE dst = (SELECT l.dst FROM link l WHERE l.src = 'a')",
+     "is not an aggregate without GROUP BY (it may give no row or several)"),
+    ("SELECT src FROM link WHERE dst = (SELECT max(l.dst) FROM link l GROUP BY l.src)",
+     "is not an aggregate without GROUP BY"),
+    ("SELECT l1.src FROM link l1 WHERE l1.dst = (SELECT max(l2.dst) FROM link l2 WHERE l2.src <> l1.src)",
+     "is correlated other than by an equality of its columns with the enclosing query's (l1.src)"),
+    ("SELECT l1.src FROM link l1 WHERE l1.dst = (SELECT max(l2.dst) FROM link l2 WHERE l2.src = l1.src "
+     "OR l2.dst = 'a')", "is correlated other than by an equality"),
+    ("SELECT l1.src, (SELECT max(l2.dst || l1.dst) FROM link l2 WHERE l2.src = l1.src) AS m FROM link l1",
+     "is correlated other than by an equality"),
+    ("SELECT count(*) + (SELECT count(*) FROM link) AS n FROM clink",
+     "is read after the aggregation of a query without GROUP BY"),
+    ("SELECT src, count(*) AS n FROM link l1 GROUP BY src HAVING count(*) > (SELECT count(*) FROM link l2 "
+     "WHERE l2.dst = l1.dst)", "correlated by l1.dst, which is not a grouping column"),
+    ("SELECT src FROM link GROUP BY src, (SELECT max(dst) FROM link)",
+     "stands where ivm reads only WHERE, HAVING and SELECT"),
     # (an uncorrelated IN over GROUP BY / HAVING is read through a subquery in FROM: ivm.lang.grouped_in)
     ("SELECT f.flight_id FROM flight f WHERE f.flight_id IN "
      "(SELECT r.flight_id FROM res r WHERE r.seat < f.flight_id GROUP BY r.flight_id HAVING count(*) > 1)",
@@ -67,7 +82,8 @@ def test_each_refused_family_is_named_in_one_line(sql, message):
 
 def test_what_the_lists_allow_compiles():
     """A view over a sample of each list: scalar expressions, modelled and named functions, generators,
-    the mapped aggregates, IN / EXISTS / ANY subqueries with DISTINCT, set operators and CTEs."""
+    the mapped aggregates, IN / EXISTS / ANY subqueries with DISTINCT, scalar subqueries, set operators
+    and CTEs."""
     views = {
         "scalars": {"sql": "SELECT upper(src) AS u, length(dst) + 1 AS n, coalesce(src, dst) AS c, "
                            "substring(src, 1, 2) AS s, CASE WHEN cost > 2 THEN 'hi' ELSE 'lo' END AS band, "
@@ -85,6 +101,13 @@ def test_what_the_lists_allow_compiles():
         "subqueries": {"sql": "SELECT f.flight_id FROM flight f WHERE f.flight_id IN (SELECT DISTINCT r.flight_id "
                               "FROM res r) AND NOT EXISTS (SELECT 1 FROM res r WHERE r.flight_id = f.flight_id "
                               "AND r.seat = 'x') AND f.miles > ANY (SELECT r.res_id FROM res r)"},
+        # scalar subqueries, correlated by equalities or not, in WHERE, HAVING and SELECT (decorrelated)
+        "scalar": {"sql": "SELECT c.src, (SELECT count(*) FROM link l WHERE l.src = c.src) AS n, "
+                          "(SELECT max(l.dst) FROM link l) AS top FROM clink c WHERE c.cost > "
+                          "(SELECT avg(x.cost) FROM clink x WHERE x.dst = c.dst AND x.src <> 'a')"},
+        "scalar_having": {"sql": "SELECT src, sum(cost) AS s FROM clink GROUP BY src HAVING sum(cost) > "
+                                 "(SELECT 0.1 * sum(cost) FROM clink) AND src <> (SELECT min(l.src) FROM link l "
+                                 "WHERE l.dst = clink.src)"},
         "sets": {"sql": "WITH a AS (SELECT src FROM link) SELECT src FROM a UNION SELECT dst FROM link"},
         "hinted": {"sql": "SELECT /*+ BROADCAST(r) */ f.flight_id, r.seat FROM flight f JOIN res r "
                           "ON f.flight_id = r.flight_id"},

@@ -8,8 +8,10 @@ scalar functions Spark provides, by sqlglot's class, and more by name in `NAMED_
 `GENERATORS` (LATERAL VIEW's explode and inline, 002's extraction of a nested collection) or the
 aggregates the compiler maps (`ivm.lang.sql.AGGREGATES`), or when it calls one of the project's own
 aggregates. The families the front end cannot maintain yet get a message of their own: window
-functions, QUALIFY, TABLESAMPLE, the FILTER of an aggregate that does not skip NULL, a scalar subquery
-(ivm.lang.aggregate_filters rewrites the other FILTERs, count_if and counts over several columns first),
+functions, QUALIFY, TABLESAMPLE, the FILTER of an aggregate that does not skip NULL, a query where a
+value stands other than a parenthesized scalar subquery (ivm.lang.aggregate_filters rewrites the other
+FILTERs, count_if and counts over several columns first; ivm.lang.scalar_subqueries decorrelates scalar
+subqueries into joins after qualification, and refuses what it cannot),
 nondeterministic functions (no view can be maintained over them: its rows must follow from its tables).
 What an EXISTS / IN / ANY subquery's compilation would drop (its GROUP BY, HAVING, aggregates, ORDER BY,
 LIMIT) is refused where it is compiled (`ivm.lang.sql.SqlCompiler._correlated`), once an uncorrelated IN's
@@ -85,7 +87,8 @@ _QUERY_PLACES = (exp.From, exp.Join, exp.With, exp.CTE, exp.Union, exp.Intersect
                  exp.Exists, exp.Any, exp.Subquery)
 
 
-def _scalar_subquery(node: exp.Expression) -> bool:
+def scalar_subquery(node: exp.Expression) -> bool:
+    """A query where a value stands (not a source, a set operator's side, the query of IN / EXISTS / ANY)."""
     if not isinstance(node, (exp.Select, exp.Subquery)) or node.parent is None:
         return False
     if isinstance(node.parent, exp.In):
@@ -112,8 +115,8 @@ def _refusal(node: exp.Expression, aggregates: dict, udas: set[str]) -> str | No
     if isinstance(node, NONDETERMINISTIC) or (isinstance(node, exp.Anonymous)
                                               and node.name.lower() in NONDETERMINISTIC_NAMES):
         return f"nondeterministic function {_name(node)}() is refused: a view's rows must follow from its tables"
-    if _scalar_subquery(node):
-        return f"a scalar subquery ({node.sql(dialect='spark')[:80]}) is not supported yet"
+    if scalar_subquery(node) and not isinstance(node, exp.Subquery):
+        return f"a query where a value stands ({node.sql(dialect='spark')[:80]}) is not supported yet"
     if isinstance(node, exp.Count) and (node.expressions or (isinstance(node.this, exp.Distinct)
                                                              and len(node.this.expressions) > 1)):
         return f"count over several columns ({node.sql(dialect='spark')}) is not supported yet"

@@ -11,8 +11,8 @@ operators compare NULLs as equal.
 Outer joins are the union of a matched rule and a NULL-padded rule whose negated atom finds no partner;
 NOT IN keeps SQL's NULL semantics with three negated atoms; WITH RECURSIVE gives a recursive predicate.
 LATERAL VIEW explode/inline is 002's extraction of a nested collection (an Unnest subgoal). Constructs not
-handled yet are refused at `ivm apply` with the construct named: INTERSECT ALL / EXCEPT ALL, generators
-inside expressions, ORDER BY / LIMIT, ALL subqueries. Correlated subqueries may compare outer and inner
+handled yet are refused at `ivm apply` with the construct named: generators inside expressions, ORDER BY /
+LIMIT, ALL subqueries. Correlated subqueries may compare outer and inner
 columns in any way; `op ANY (subquery)` is EXISTS with the comparison (003 §6.3).
 """
 
@@ -43,7 +43,7 @@ from ivm.ir import (
     Unnest,
     Var,
 )
-from ivm.lang import aggregate_filters, allowlist, grouped_in
+from ivm.lang import aggregate_filters, allowlist, bag_set_operations, grouped_in, scalar_subqueries
 
 #: sqlglot aggregate classes and the Spark SQL function each stands for
 AGGREGATES: dict[type, str] = {
@@ -137,15 +137,22 @@ class SqlCompiler:
         allowlist.check(tree, name, AGGREGATES, set(self.udas))
         schema = {p.name: {c: "string" for c in p.columns}
                   for p in self.program.predicates.values() if p.kind in ("base", "view")}
-        try:
-            tree = qualify(tree, schema=schema, dialect="spark", quote_identifiers=False,
-                           validate_qualify_columns=True)
-        except OptimizeError as e:
-            raise ConfigError(f"views.{name}: {str(e).splitlines()[0]}") from e
+        tree = self._qualify(tree, schema)
+        if any(not s.args.get("distinct") for s in tree.find_all(exp.Intersect, exp.Except)):
+            # (INTERSECT ALL / EXCEPT ALL: counted groups repeated, qualified again)
+            tree = self._qualify(bag_set_operations.rewrite(tree, name), schema)
+        tree = scalar_subqueries.rewrite(tree, name)  # (decorrelated into joins with aggregate subqueries)
         tree = grouped_in.rewrite(tree)  # (an uncorrelated IN over GROUP BY / HAVING: through a FROM subquery)
         self._query(tree, name, "view")
         self._view_is_its_recursion(name)
         return self.program.predicates[name]
+
+    def _qualify(self, tree: exp.Expression, schema: dict) -> exp.Expression:
+        try:
+            return qualify(tree, schema=schema, dialect="spark", quote_identifiers=False,
+                           validate_qualify_columns=True)
+        except OptimizeError as e:
+            raise ConfigError(f"views.{self.view}: {str(e).splitlines()[0]}") from e
 
     # -- queries -----------------------------------------------------------------------------------
 
@@ -234,7 +241,7 @@ class SqlCompiler:
     def _set_operation(self, node: exp.SetOperation, name: str | None, kind: str, role: str) -> Predicate:
         distinct = bool(node.args.get("distinct"))
         op = {exp.Union: "UNION", exp.Intersect: "INTERSECT", exp.Except: "EXCEPT"}[type(node)]
-        if op != "UNION" and not distinct:
+        if op != "UNION" and not distinct:  # (rewritten before: ivm.lang.bag_set_operations)
             raise self._fail(f"{op} ALL")
         left, right = self._query(node.left, None, role="setop"), self._query(node.right, None, role="setop")
         if len(left.columns) != len(right.columns):
