@@ -283,6 +283,10 @@ class SqlCompiler:
         sel = self._generators_as_laterals(sel, blocks)
         if sel.args.get("where") is not None:
             where += _conjuncts(sel.args["where"].this)
+        # subquery conditions last: a probe of the outer bindings (`_probe`) then holds every equality
+        # and filter of the outer rule, not only those written before it (TPC-H Q21's probe joined
+        # `nation` unrelated, 25 times over, when `s_nationkey = n_nationkey` followed its EXISTS)
+        where.sort(key=lambda c: c.find(exp.Subquery, exp.Exists, exp.Select) is not None)
         for b in blocks:
             for c in where:
                 self._conjunct(c, b, None)
