@@ -34,8 +34,10 @@ pytestmark = pytest.mark.e2e
 
 SF = 0.01
 #: views the sampled recomputation checks after each refresh, against their own SQL text in Spark SQL too
-#: (#45, item 3): correlated scalar subqueries (Q17, Q20) and an uncorrelated one (Q22), decorrelated here
-VALIDATED = ("q17", "q20", "q22")
+#: (#45, item 3): correlated scalar subqueries (Q2's MIN, Q17's AVG) and an uncorrelated one (Q22's AVG),
+#: decorrelated here (not Q20: its one supplier leaves it and comes back, so some refreshes have no row to
+#: sample)
+VALIDATED = ("q2", "q17", "q22")
 KEYS = {name: spec["key"] for name, spec in TABLES.items()}
 
 

@@ -27,8 +27,9 @@ columns, or are constant), so the groups stay as they were.
 
 Refused in one line, and not approximated: a scalar subquery that is not an aggregate without GROUP BY
 (it may give no row or several), one correlated other than by equalities of its own columns with the
-enclosing query's (``l2.s <> l1.s``, a correlation inside OR, a correlated value), and one read after the
-aggregation of a query without GROUP BY (it would need a value over no groups). It runs on the qualified
+enclosing query's (``l2.s <> l1.s``, a correlation inside OR, a correlated value), one read after the
+aggregation of a query without GROUP BY (it would need a value over no groups) or correlated there by a
+column that is not grouped, and one outside WHERE, HAVING and the SELECT list. It runs on the qualified
 tree (every column names its table; sqlglot's scopes tell an outer column from an inner one), innermost
 subquery first, and is a pure function from tree to tree. (sqlglot's own ``unnest_subqueries`` rewrites
 IN and EXISTS too, which ivm maintains as semi- and anti-joins (000's negation), and keeps non-equality
