@@ -56,7 +56,10 @@ def _rewritten(node: exp.Intersect | exp.Except, n: int) -> exp.Expression:
 
 def rewrite(tree: exp.Expression, view: str) -> exp.Expression:
     """The tree with each INTERSECT ALL / EXCEPT ALL written as counted groups repeated (innermost first);
-    a ConfigError naming ``view`` when the sides differ in their number of columns."""
+    ``tree`` itself when it has none; a ConfigError naming ``view`` when the sides differ in their number of
+    columns."""
+    if not any(not s.args.get("distinct") for s in tree.find_all(exp.Intersect, exp.Except)):
+        return tree
     tree = tree.copy()
     found = [s for s in tree.find_all(exp.Intersect, exp.Except, bfs=False) if not s.args.get("distinct")]
     for n, node in enumerate(reversed(found)):

@@ -138,9 +138,9 @@ class SqlCompiler:
         schema = {p.name: {c: "string" for c in p.columns}
                   for p in self.program.predicates.values() if p.kind in ("base", "view")}
         tree = self._qualify(tree, schema)
-        if any(not s.args.get("distinct") for s in tree.find_all(exp.Intersect, exp.Except)):
-            # (INTERSECT ALL / EXCEPT ALL: counted groups repeated, qualified again)
-            tree = self._qualify(bag_set_operations.rewrite(tree, name), schema)
+        counted = bag_set_operations.rewrite(tree, name)  # (INTERSECT / EXCEPT ALL: counted groups repeated)
+        if counted is not tree:
+            tree = self._qualify(counted, schema)
         tree = scalar_subqueries.rewrite(tree, name)  # (decorrelated into joins with aggregate subqueries)
         tree = grouped_in.rewrite(tree)  # (an uncorrelated IN over GROUP BY / HAVING: through a FROM subquery)
         self._query(tree, name, "view")
@@ -283,12 +283,8 @@ class SqlCompiler:
         sel = self._generators_as_laterals(sel, blocks)
         if sel.args.get("where") is not None:
             where += _conjuncts(sel.args["where"].this)
-        # subquery conditions last: a probe of the outer bindings (`_probe`) then holds every equality
-        # and filter of the outer rule, not only those written before it (TPC-H Q21's probe joined
-        # `nation` unrelated, 25 times over, when `s_nationkey = n_nationkey` followed its EXISTS)
-        where.sort(key=lambda c: c.find(exp.Subquery, exp.Exists, exp.Select) is not None)
         for b in blocks:
-            for c in where:
+            for c in _subqueries_last(where):
                 self._conjunct(c, b, None)
         columns = [p.alias_or_name for p in sel.expressions]
         if len(set(c.lower() for c in columns)) != len(columns):
@@ -521,7 +517,7 @@ class SqlCompiler:
         if extra is not None:
             conjuncts.append(extra)
         residual = []
-        for c in conjuncts:
+        for c in _subqueries_last(conjuncts):
             outer_refs = [col for col in c.find_all(exp.Column)
                           if self._var(col, inner) is None and self._var(col, block) is not None]
             simple = isinstance(c, exp.EQ) and isinstance(c.this, exp.Column) and isinstance(c.expression, exp.Column)
@@ -716,6 +712,14 @@ def _arg(node: exp.Expression, name: str):
     """``from``/``with`` are ``from_``/``with_`` in newer sqlglot releases."""
     value = node.args.get(f"{name}_")
     return value if value is not None else node.args.get(name)
+
+
+def _subqueries_last(conjuncts: list[exp.Expression]) -> list[exp.Expression]:
+    """A conjunction's conditions with those holding a subquery last (its order changes nothing else): a
+    probe of the outer bindings (`_probe`) then holds every equality and filter of its rule, not only those
+    written before it (TPC-H Q21's probe joined `nation` unrelated, 25 times over, when
+    `s_nationkey = n_nationkey` followed its EXISTS)."""
+    return sorted(conjuncts, key=lambda c: c.find(exp.Subquery, exp.Exists, exp.Select) is not None)
 
 
 def _conjuncts(node: exp.Expression) -> list[exp.Expression]:
