@@ -171,9 +171,13 @@ SQL_VIEWS = {
     "v_in_grouped": "SELECT a, b FROM r WHERE b IN (SELECT b FROM s GROUP BY b HAVING sum(c) > 2)",
     "v_not_in_grouped": "SELECT a FROM r WHERE a NOT IN (SELECT max(c) FROM s GROUP BY b)",
     # scalar subqueries (ivm.lang.scalar_subqueries): correlated by equality or not, a count over no rows (0,
-    # not NULL: the COUNT bug), a MAX in the SELECT list, an uncorrelated AVG (HAVING: TPC-H Q11, unit tests)
+    # not NULL: the COUNT bug), a MAX in the SELECT list, an uncorrelated AVG; and in a GROUP BY query: inside
+    # an aggregate's argument, read after the aggregation in SELECT and in HAVING
     "v_scalar": "SELECT a, b, (SELECT max(c) FROM s WHERE s.b = r.b) AS top FROM r "
                 "WHERE a >= (SELECT count(*) FROM s WHERE s.b = r.b) AND a > (SELECT avg(c) FROM s) - 3",
+    "v_scalar_agg": "SELECT b, sum(a + (SELECT count(*) FROM s WHERE s.b = r.b)) AS sa, "
+                    "(SELECT min(c) FROM s WHERE s.b = r.b) AS lo FROM r GROUP BY b "
+                    "HAVING sum(a) > (SELECT min(c) FROM s WHERE s.b = r.b)",
     "v_from_sub": "SELECT x.b, x.total FROM (SELECT b, sum(a) AS total FROM r GROUP BY b) x WHERE x.total > 2",
     "v_cte": "WITH big AS (SELECT * FROM s WHERE c >= 1) SELECT r.a, big.c FROM r JOIN big ON r.b = big.b",
     "v_over_view": "SELECT a, count(*) AS n FROM v_join GROUP BY a",
