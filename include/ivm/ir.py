@@ -136,9 +136,14 @@ class Aggregate:
     params: tuple[str, ...] = ()
     #: a user-defined SQL aggregate: its expression, with VALUES_PLACEHOLDER for the collected values
     template: str | None = None
+    #: the rows of a window's partition (ivm.lang.window_functions): (variable, Spark SQL window function
+    #: over the grouped atom's variables), computed over the group's rows before ``arg`` collects them
+    windows: tuple[tuple[str, str], ...] = ()
 
     def call(self) -> str:
         """The aggregate as a Spark SQL call over its argument."""
+        if self.windows:  # the partition's rows, in one order (a multiset has none)
+            return f"array_sort(collect_list({self.arg}))"
         if self.template is not None:
             # an aggregate over a (multi)set gets its values in one order, sorted: a Python function of a
             # list then returns the same value however the rows were read (001 §2: aggregates are
@@ -154,7 +159,8 @@ class Aggregate:
         return f"array_sort({text})" if self.func == "collect_set" else text
 
     def __str__(self) -> str:
-        return f"{self.var} = {self.call()}"
+        over = "".join(f", {v} = {w}" for v, w in self.windows)
+        return f"{self.var} = {self.call()}{over}"
 
 
 @dataclass(frozen=True)
@@ -288,7 +294,7 @@ DISTINCT_OK = {"count", "sum", "avg"}
 
 def aggregate_kind(a: Aggregate) -> str:
     """How an aggregate is maintained: star, count, sum, avg, variance, min, max, distinct, recompute."""
-    if a.template is not None:
+    if a.template is not None or a.windows:
         return "recompute"
     if a.func == "count" and a.arg is None:
         return "star"

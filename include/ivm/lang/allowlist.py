@@ -7,8 +7,9 @@ shape of a query the compiler reads), `SCALARS` (row-by-row expressions), `FUNCT
 scalar functions Spark provides, by sqlglot's class, and more by name in `NAMED_FUNCTIONS`),
 `GENERATORS` (LATERAL VIEW's explode and inline, 002's extraction of a nested collection) or the
 aggregates the compiler maps (`ivm.lang.sql.AGGREGATES`), or when it calls one of the project's own
-aggregates. The families the front end cannot maintain yet get a message of their own: window
-functions, QUALIFY, TABLESAMPLE, the FILTER of an aggregate that does not skip NULL, a query where a
+aggregates, and window functions (`WINDOW_FUNCTIONS`, or such an aggregate) in a SELECT list or QUALIFY.
+The families the front end cannot maintain yet get a message of their own: other window functions,
+TABLESAMPLE, the FILTER of an aggregate that does not skip NULL, a query where a
 value stands other than a parenthesized scalar subquery (ivm.lang.aggregate_filters rewrites the other
 FILTERs, count_if and counts over several columns first; ivm.lang.scalar_subqueries decorrelates scalar
 subqueries into joins after qualification, and refuses what it cannot),
@@ -22,7 +23,8 @@ grouping has been read through a subquery in FROM (ivm.lang.grouped_in).
 >>> refusal(sqlglot.parse_one("SELECT k, rand() FROM t", read="spark"), {}, set())
 "nondeterministic function RAND() is refused: a view's rows must follow from its tables"
 >>> refusal(sqlglot.parse_one("SELECT row_number() OVER (ORDER BY k) FROM t", read="spark"), {}, set())
-'window function ROW_NUMBER() OVER (...) is not supported yet'
+>>> refusal(sqlglot.parse_one("SELECT collect_list(k) OVER (ORDER BY k) FROM t", read="spark"), {}, set())
+'window function COLLECT_LIST(k) OVER (...) is not supported yet'
 """
 
 from __future__ import annotations
@@ -43,8 +45,8 @@ def _classes(names: str) -> tuple[type[exp.Expression], ...]:
 
 
 #: the shape of a query: blocks, sources, joins, set operators, subqueries in FROM, IN, EXISTS and ANY
-QUERY = _classes("Select From Join Where Group Having Union Intersect Except Subquery With CTE Table TableAlias "
-                 "Lateral Alias Column Identifier Star Distinct In Exists Any Tuple Var Hint")
+QUERY = _classes("Select From Join Where Group Having Qualify Union Intersect Except Subquery With CTE Table "
+                 "TableAlias Lateral Alias Column Identifier Star Distinct In Exists Any Tuple Var Hint")
 #: expressions Spark evaluates row by row, the same every time
 SCALARS = _classes("Literal Null Boolean Paren Neg Add Sub Mul Div IntDiv Mod EQ NEQ GT GTE LT LTE NullSafeEQ "
                    "NullSafeNEQ And Or Not Is Between Like ILike RegexpLike Case If DataType DataTypeParam Cast "
@@ -96,6 +98,46 @@ def scalar_subquery(node: exp.Expression) -> bool:
     return not isinstance(node.parent, _QUERY_PLACES)
 
 
+#: window functions by their position in the order of the partition (they need ORDER BY), and over a
+#: frame of the ordered partition; with the aggregates the compiler maps, the window functions ivm
+#: maintains per partition, by Spark's own window functions (ivm.lang.window_functions)
+RANKING = _classes("RowNumber Rank DenseRank PercentRank CumeDist Ntile Lag Lead")
+VALUES = _classes("FirstValue LastValue NthValue First Last")
+WINDOW_FUNCTIONS = RANKING + VALUES
+
+
+def _in_window(node: exp.Expression) -> bool:
+    """Whether ``node`` is part of a window: its function, OVER (...), IGNORE / RESPECT NULLS."""
+    parent = node.parent
+    while isinstance(parent, exp.Order | exp.Ordered | exp.IgnoreNulls | exp.RespectNulls):
+        parent = parent.parent
+    return isinstance(parent, exp.Window)
+
+
+def _window_refusal(node: exp.Window, aggregates: dict) -> str | None:
+    """A window function is allowed in a SELECT list or QUALIFY, over a function of `WINDOW_FUNCTIONS`
+    or an aggregate the compiler maps (not a project's own aggregate)."""
+    fn = node.this.this if isinstance(node.this, exp.IgnoreNulls | exp.RespectNulls) else node.this
+    if not isinstance(fn, WINDOW_FUNCTIONS) and type(fn) not in aggregates:
+        return f"window function {fn.sql(dialect='spark')} OVER (...) is not supported yet"
+    if node.args.get("alias") is not None or not node.args.get("over"):
+        return (f"a named window ({node.sql(dialect='spark')}) is not supported yet: spell its PARTITION BY and "
+                "ORDER BY in OVER (...)")
+    if fn.find(exp.Distinct):
+        return (f"DISTINCT in the window function {node.sql(dialect='spark')} is refused (Spark has no DISTINCT "
+                "window aggregate)")
+    if isinstance(fn, RANKING + VALUES) and node.args.get("order") is None:
+        return f"the window function {fn.sql(dialect='spark')} needs ORDER BY in its OVER (...)"
+    child, parent = node, node.parent
+    while parent is not None and not isinstance(parent, exp.Select | exp.Qualify):
+        if isinstance(parent, exp.Window | exp.AggFunc):
+            return f"the window function {node.sql(dialect='spark')[:80]} inside {parent.sql_name()}() is refused"
+        child, parent = parent, parent.parent
+    if isinstance(parent, exp.Select) and child.arg_key != "expressions":
+        return f"the window function {node.sql(dialect='spark')[:80]} in {child.arg_key.upper()} is refused"
+    return None
+
+
 def _name(node: exp.Expression) -> str:
     return node.name.upper() if isinstance(node, exp.Anonymous) else node.sql_name()
 
@@ -103,9 +145,10 @@ def _name(node: exp.Expression) -> str:
 def _refusal(node: exp.Expression, aggregates: dict, udas: set[str]) -> str | None:
     """What is wrong with ``node`` alone (its children are checked on their own), or None."""
     if isinstance(node, exp.Window):
-        return f"window function {node.this.sql(dialect='spark')} OVER (...) is not supported yet"
-    if isinstance(node, exp.Qualify):
-        return "QUALIFY is not supported yet"
+        return _window_refusal(node, aggregates)
+    if isinstance(node, (exp.Order, exp.Ordered, exp.WindowSpec, exp.IgnoreNulls, exp.RespectNulls,
+                         *WINDOW_FUNCTIONS)) and _in_window(node):
+        return None
     if isinstance(node, exp.TableSample):
         return "TABLESAMPLE is refused: a sample of a table is not a function of the table"
     if isinstance(node, exp.Filter):

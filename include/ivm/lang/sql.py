@@ -10,7 +10,9 @@ operators compare NULLs as equal.
 
 Outer joins are the union of a matched rule and a NULL-padded rule whose negated atom finds no partner;
 NOT IN keeps SQL's NULL semantics with three negated atoms; WITH RECURSIVE gives a recursive predicate.
-LATERAL VIEW explode/inline is 002's extraction of a nested collection (an Unnest subgoal). Constructs not
+LATERAL VIEW explode/inline is 002's extraction of a nested collection (an Unnest subgoal). Window
+functions are a GROUP BY on PARTITION BY whose aggregate is the partition's rows with their window values,
+unnested again (ivm.lang.window_functions); QUALIFY a WHERE over them. Constructs not
 handled yet are refused at `ivm apply` with the construct named: generators inside expressions, ORDER BY /
 LIMIT, ALL subqueries. Correlated subqueries may compare outer and inner
 columns in any way; `op ANY (subquery)` is EXISTS with the comparison (003 §6.3).
@@ -25,6 +27,7 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.errors import OptimizeError, ParseError
 from sqlglot.optimizer.qualify import qualify
+from sqlglot.transforms import eliminate_qualify
 
 from ivm.aggregates import aggregate as user_aggregate
 from ivm.errors import ConfigError
@@ -43,7 +46,7 @@ from ivm.ir import (
     Unnest,
     Var,
 )
-from ivm.lang import aggregate_filters, allowlist, bag_set_operations, grouped_in, scalar_subqueries
+from ivm.lang import aggregate_filters, allowlist, bag_set_operations, grouped_in, scalar_subqueries, window_functions
 
 #: sqlglot aggregate classes and the Spark SQL function each stands for
 AGGREGATES: dict[type, str] = {
@@ -135,6 +138,7 @@ class SqlCompiler:
         # (an aggregate's FILTER, count_if, count(a, b): as the aggregates below, by SQL's definition)
         tree = aggregate_filters.rewrite(tree)
         allowlist.check(tree, name, AGGREGATES, set(self.udas))
+        tree = tree.transform(eliminate_qualify)  # (QUALIFY: a WHERE over the windowed rows, as a subquery)
         schema = {p.name: {c: "string" for c in p.columns}
                   for p in self.program.predicates.values() if p.kind in ("base", "view")}
         tree = self._qualify(tree, schema)
@@ -261,6 +265,8 @@ class SqlCompiler:
         from_ = _arg(sel, "from")
         if from_ is None:
             raise self._fail("SELECT without FROM")
+        if window_functions.has_windows(sel):
+            return self._windowed(sel, name, kind, role)
         # one block per combination of matched / padded outer joins: each becomes one rule
         blocks = [_Block()]
         self._bind(from_.this.alias_or_name, self._source_predicate(from_.this), blocks[0])
@@ -299,6 +305,40 @@ class SqlCompiler:
         for b in blocks:
             head = [self._term(p.unalias(), b) for p in sel.expressions]
             self._add_rule(Rule(Atom(target.name, tuple(head)), tuple(b.body)), b)
+        return target
+
+    def _windowed(self, sel: exp.Select, name: str | None, kind: str, role: str) -> Predicate:
+        """A SELECT with window functions (ivm.lang.window_functions): its rows before the windows as an
+        auxiliary predicate; per PARTITION BY, 000 §6.2's GROUPBY subgoal on the partition columns whose
+        one aggregate collects the partition's rows with their window values, unnested by the rule that
+        reads it (002's extraction, ``inline``)."""
+        split = window_functions.split(sel)
+        source = self._query(split.inner, None)
+        bound = {c: Var(self._fresh("c")) for c in source.columns}  # leaf or window column -> variable
+        atom = Atom(source.name, tuple(bound.values()))
+        columns = [p.alias_or_name for p in sel.expressions]
+        target = self._target(name, kind, columns, "set" if split.distinct else "bag", role)
+        for i, layer in enumerate(split.layers):
+            windows = {c: Var(self._fresh("w")) for c in layer.windows}
+            carried = [c for c in bound if c not in layer.partition]
+            fields = [*carried, *windows]
+            values = {**{c: bound[c] for c in carried}, **windows}
+            struct = exp.func("named_struct", *[x for c in fields for x in (exp.Literal.string(c),
+                                                                            exp.column(values[c].name, quoted=True))])
+            rows = Var(self._fresh("rows"))
+            aggregate = Aggregate(rows, "window", Expr(struct), windows=tuple(
+                (windows[c].name, _renamed(w, bound).sql(dialect="spark")) for c, w in layer.windows.items()))
+            group = GroupBy(atom, tuple(bound[c] for c in layer.partition), (aggregate,))
+            bound = {**{c: bound[c] for c in layer.partition}, **{c: Var(self._fresh("c")) for c in fields}}
+            body = (group, Unnest(Expr(exp.column(rows.name, quoted=True)), tuple(bound[c] for c in fields), "inline"))
+            if i == len(split.layers) - 1:
+                head = [_renamed(p.unalias(), bound) for p in split.outer]
+                self.program.rules.append(Rule(Atom(target.name, tuple(
+                    Var(h.name) if isinstance(h, exp.Column) else Expr(h) for h in head)), body))
+            else:  # the rows with this layer's windows, for the next PARTITION BY's
+                layered = self._aux(list(bound), role="from")
+                self.program.rules.append(Rule(Atom(layered.name, tuple(bound.values())), body))
+                atom = Atom(layered.name, tuple(bound.values()))
         return target
 
     def _generators_as_laterals(self, sel: exp.Select, blocks: list[_Block]) -> exp.Select:
@@ -700,6 +740,12 @@ class SqlCompiler:
             cond = rewrite(having.this)
             body.append(Condition(cond.tree if isinstance(cond, Expr) else exp.column(cond.name, quoted=True)))
         self.program.rules.append(Rule(Atom(target.name, tuple(rewrite(n) for n in nodes)), tuple(body)))
+
+
+def _renamed(tree: exp.Expression, variables: dict[str, Var]) -> exp.Expression:
+    """``tree`` with its columns named as the variables they are bound to."""
+    return tree.copy().transform(lambda n: exp.column(variables[n.name].name, quoted=True)
+                                 if isinstance(n, exp.Column) and n.name in variables else n)
 
 
 def _uda_calls(node: exp.Expression, udas: dict):

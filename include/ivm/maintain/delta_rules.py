@@ -74,10 +74,15 @@ def delta_rules(rule: Rule) -> list[DeltaRule]:
 
 
 def render_call(a, names: dict[str, str]) -> str:
-    """An aggregate call with its argument variable named by the input relation's column."""
-    if a.arg is None:
-        return a.call()
-    return a.call().replace(f"`{next(iter(a.arg.variables()))}`", names[next(iter(a.arg.variables()))])
+    """An aggregate call with its argument's variables named by the input relation's columns (a window's
+    values keep their variables' names, as the window functions `rule_sql` renders are named)."""
+    return a.call() if a.arg is None else _named(a.call(), names)
+
+
+def _named(text: str, names: dict[str, str]) -> str:
+    for v, column in names.items():
+        text = text.replace(f"`{v}`", column)
+    return text
 
 
 def rule_sql(program: Program, rule: Rule, states: tuple[str | None, ...] | None = None,
@@ -133,7 +138,11 @@ def rule_sql(program: Program, rule: Rule, states: tuple[str | None, ...] | None
             names = dict(zip((a.name for a in item.atom.args if isinstance(a, Var)), inner_cols, strict=False))
             aggs = ", ".join(f"{render_call(a, names)} AS {a.var.name}" for a in item.aggregates)
             by = ", ".join(names[v.name] for v in item.by)
-            froms.append(f"(SELECT {by + ', ' if by else ''}{aggs} FROM {rel(item.atom.pred, state)}"
+            windows = [f"{_named(w, names)} AS {v}" for a in item.aggregates for v, w in a.windows]
+            source = rel(item.atom.pred, state)
+            if windows:  # (the group's rows with their window values, ivm.lang.window_functions)
+                source = f"(SELECT *, {', '.join(windows)} FROM {source})"
+            froms.append(f"(SELECT {by + ', ' if by else ''}{aggs} FROM {source}"
                          f"{' GROUP BY ' + by if by else ''}) AS {alias}")
             for v in item.by:
                 binding[v.name] = col(alias, names[v.name])

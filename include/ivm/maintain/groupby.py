@@ -69,6 +69,9 @@ def describe(a: Aggregate) -> str:
         "recompute": "not distributive: recomputed for the touched groups only, from their stored multisets "
                      "(the GROUP BY's input, or CReaM's auxiliary view over a table, 001 §4)",
     }[kind(a)]
+    if a.windows:
+        return (f"window functions {', '.join(w for _, w in a.windows)}: the partitions a change touches are "
+                "recomputed from their stored rows by Spark's window functions, the others kept")
     return f"{a.call()}: {how}"
 
 
@@ -130,7 +133,7 @@ class GroupByState:
         """The state of every group from U's rows (variables + ``__count``, all positive; consolidated or
         not: equal rows add up in the groups either way)."""
         state = self._partial(rows)  # over positive counts: the decomposed functions of every group
-        plain = expand(rows)
+        plain = with_windows(expand(rows), self.aggregates)
         # T's values as the full evaluation computes them (Spark's own aggregates over the bag), kept in
         # the state so that a later (T_ȳ, -1) cancels exactly the tuple emitted now; and the DISTINCT
         # decompositions, over the bag too
@@ -375,6 +378,13 @@ def _join_groups(left: DataFrame, right: DataFrame, by: list[str], how: str) -> 
             for b in by]
     return left.join(r, cond, how).select(*keys, *[left[quote(c)] for c in left.columns if c not in by],
                                           *[r[quote(c)] for c in r.columns if c not in by and not c.startswith("__r_")])
+
+
+def with_windows(rows: DataFrame, aggregates: tuple[Aggregate, ...]) -> DataFrame:
+    """The group's rows (expanded: one per derivation) with the window values the aggregates collect
+    (ivm.lang.window_functions): Spark's own window functions, partitioned by the grouping variables."""
+    windows = [F.expr(sql).alias(var) for a in aggregates for var, sql in a.windows]
+    return rows.select("*", *windows) if windows else rows
 
 
 def groupby_subgoals(program: Program, pred: str) -> list[tuple[str, int, GroupBy]]:

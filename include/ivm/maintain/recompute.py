@@ -37,6 +37,7 @@ from ivm.ir import (
     Wildcard,
 )
 from ivm.maintain import fixpoint
+from ivm.maintain.groupby import with_windows
 from ivm.storage import Scratch
 from ivm.stratify import Strata
 from ivm.zset import anti_join, consolidate, expand, quote, union_all
@@ -145,7 +146,7 @@ class Evaluator:
         the grouped relation as used, consolidated (default: this evaluator's, or T as computed already)."""
         if source is None and g in self.groupby_tables:
             return self.groupby_tables[g]
-        rows = expand(self.atom(g.atom, source))
+        rows = with_windows(expand(self.atom(g.atom, source)), g.aggregates)
         aggs = [F.expr(a.call()).alias(a.var.name) for a in g.aggregates]
         grouped = rows.groupBy(*[F.col(quote(v.name)) for v in g.by]).agg(*aggs) if g.by else rows.agg(*aggs)
         return grouped.withColumn(C, F.lit(1).cast("long"))
