@@ -88,6 +88,35 @@ def test_stages_one_by_one_match_in_process_refresh(setup):
         stage(path, "plan", run_id)
 
 
+@pytest.mark.parametrize("tasks", ["one process", "a task per stratum"])
+def test_a_recomputed_view_passes_its_difference_up(setup, make_project, tasks):
+    """#48, no cascade: per_k's definition changed, so the run recomputes it; big, which reads it, is
+    maintained from per_k's new state minus its old one (000 Algorithm 4.1: a view's Δ passes up), not
+    recomputed — in one process (`ivm refresh`) and with per_k and big maintained by separate tasks
+    (the DAG's), where big's task reads the difference from per_k's staged base layer and its old one."""
+    p, path = setup
+    p.refresh()  # big: (a, 3), (b, 2)
+    p.append("t", lines(Path(p.config.root) / "c3.jsonl", [("a", 7), ("c", 1)], "insert", cols=("k", "v")))
+    changed = dict(VIEWS, per_k={"sql": "SELECT k, count(*) AS n, sum(v) AS s FROM t WHERE v <> 3 GROUP BY k"})
+    again = make_project(TABLES, views=changed, root=Path(p.config.root))
+    if tasks == "one process":
+        result = again.refresh()
+    else:
+        run_id = "no-cascade"
+        for name in ["plan", "trim"]:
+            stage(path, name, run_id)
+        stage(path, "maintain", run_id, views=["per_k", "joined"])
+        stage(path, "maintain", run_id, views=["big"])
+        for name in ["validate", "publish"]:
+            stage(path, name, run_id)
+        result = stage(path, "report", run_id)
+    modes = {v.view: (v.mode, v.reason) for v in result.views}
+    assert modes["per_k"] == ("full", "the definition changed")
+    assert modes["big"][0] == "incremental" and "reads per_k, recomputed in this run" in modes["big"][1]
+    assert zset(again, "big") == Counter({("a", 4): 1})  # a: 1, 2, 5, 7; b's 3s are filtered now; c: 1
+    assert_views_recomputed(again)
+
+
 def test_a_maintenance_task_killed_midway_and_retried(setup, monkeypatch):
     p, path = setup
     run_id = "retry-maintain"

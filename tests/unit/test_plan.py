@@ -36,7 +36,6 @@ def test_a_view_with_nothing_against_it_is_maintained():
     ({"definition_changed": " after run r1"}, "the definition changed after run r1"),
     ({"missing": ["v__agg0_1"]}, "v__agg0_1 is not materialized yet"),
     ({"missed": [("t", 3, 5)]}, "commit versions 3..5 of t were applied by a run that did not refresh this view"),
-    ({"recomputed": ["u", "w"]}, "reads u, w, recomputed in this run"),
     ({"form_switch": "keyed stores the view as presence, its state holds counts"},
      "keyed stores the view as presence, its state holds counts"),
     ({"crossover": Estimate(10, 9.0, 1.0, 3, True, "the recompute is cheaper")}, "auto: the recompute is cheaper"),
@@ -52,8 +51,8 @@ def test_the_rules_are_tried_in_order():
     found = recompute_reason(ViewFacts("v", definition_changed="", missing=["x"]))
     assert found is not None and found[0] is DEFINITION_CHANGED
     assert reason(crossover=Estimate(10, 1.0, 9.0, 3, False, "incremental")) is None
-    assert [r.name for r in RULES] == ["asked", "configured", "first", "definition", "missing", "missed", "upstream",
-                                       "form", "crossover"]
+    assert [r.name for r in RULES] == ["asked", "configured", "first", "definition", "missing", "missed", "form",
+                                       "crossover"]
 
 
 def test_explain_says_the_planner_rules():

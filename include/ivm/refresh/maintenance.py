@@ -24,6 +24,7 @@ from ivm.refresh.plan import load_plan, old_layer_refs
 from ivm.refresh.record import Plan, ViewWork
 from ivm.spark import adaptive
 from ivm.storage import Scratch, WrittenLayer
+from ivm.zset import consolidate, negate
 
 Progress = Callable[[str], None]
 
@@ -97,6 +98,23 @@ class Maintenance:
                 self.states.note(name, layer.path, layer.bytes or 0, layer.rows or 0)
         if work.mode is Mode.INCREMENTAL and work.view in work.layers:
             self.counting.note_delta(work.view, self.states.delta(work.view))
+        elif work.mode is Mode.FULL:
+            self.difference(work.view)
+
+    def difference(self, view: str) -> None:
+        """A recomputed view's Δ for the views above it that this run maintains (#48, no cascade): its
+        new state minus its old one, consolidated (000 §3: Pᵛ = P ⊎ Δ(P), so Δ(P) = Pᵛ ⊎ −P), written
+        once; the views above are maintained from it as from any view's Δ (000 Algorithm 4.1), not
+        recomputed in turn."""
+        _, strata = self.ctx.program
+        if not any(w.mode is Mode.INCREMENTAL and not w.maintained and view in strata.upstream(w.view)
+                   for w in self.plan.views):
+            return
+        change = consolidate(self.states.new(view).unionByName(negate(self.states.old(view))))
+        path, rows, size = self.states.scratch.put(f"{view}__difference", change)
+        if rows:
+            self.states.note(view, path, size, rows)
+            self.counting.note_delta(view, self.states.delta(view))
 
     def maintain(self, work: ViewWork, progress: Progress) -> None:
         """One view: the counting algorithm (DRed inside it for recursive components) or a full recompute."""
@@ -150,6 +168,7 @@ class Maintenance:
                     full.groupby_tables[st.subgoal] = st.finalize(states.new(name))
             work.rows = self.written[work.view].rows
             how = f"full recompute ({work.reason}), {work.rows} rows"
+            self.difference(work.view)
         work.layers = {r: self.written[r] for r in ctx.stored_relations(work.view) if r in self.written}
         work.seconds = time.perf_counter() - started
         progress(f"maintain: {work.view} (stratum {work.stratum}): {how} ({work.seconds:.2f} s)")

@@ -44,8 +44,6 @@ class ViewFacts:
     missing: list[str] = field(default_factory=list)
     #: (table, first, last) commit versions of a table an earlier run applied without this view
     missed: list[tuple[str, int, int]] = field(default_factory=list)
-    #: views it reads that this run recomputes
-    recomputed: list[str] = field(default_factory=list)
     #: the chosen strategy's stored form differs from the state's: why, in words
     form_switch: str | None = None
     #: the crossover's estimate (None: not asked: not auto, no changed input, or disabled)
@@ -82,8 +80,6 @@ RULES: tuple[RecomputeRule, ...] = (
                             "are gone)",
                   lambda f: None if not f.missed else f"commit versions {f.missed[0][1]}..{f.missed[0][2]} of "
                   f"{f.missed[0][0]} were applied by a run that did not refresh this view"),
-    RecomputeRule("upstream", "a view it reads is recomputed in the same run",
-                  lambda f: f"reads {', '.join(f.recomputed)}, recomputed in this run" if f.recomputed else None),
     RecomputeRule("form", "the chosen strategy stores the view in another form than its state holds",
                   lambda f: f.form_switch),
     RecomputeRule("crossover", "under --mode auto, the view's measured costs say a recompute is cheaper (crossover)",
@@ -160,6 +156,9 @@ def _plan_views(ctx: RunContext, p: Plan, wanted: list[str] | None, mode: Mode,
     * incremental across a changed definition when the view is recursive and only rules of its
       recursive predicates were added or removed: DRed follows rule changes (000 §7), and the views
       above it are maintained from its delta;
+    * incremental above a recomputed view: it passes up its new state minus its old one as its delta
+      (ivm.refresh.maintenance), as 000 Algorithm 4.1 passes up any view's Δ, so a recompute does not
+      cascade into the views that read it;
     * otherwise incremental (the counting algorithm, 000 §4-6, with DRed for recursive components; or
       the strategy ivm.maintain.strategy chooses) when an input table changed. Counting stores
       derivation counts and GROUPBY states, so every reference is maintainable under inserts, deletes
@@ -199,7 +198,6 @@ def _plan_views(ctx: RunContext, p: Plan, wanted: list[str] | None, mode: Mode,
             # other views, another schedule group): those deltas are gone, so the view is recomputed
             missed=[(t, watermarks.get((view, t), 0) + 1, watermarks[(t, t)]) for t in upstream
                     if watermarks.get((view, t), 0) < watermarks.get((t, t), 0)],
-            recomputed=sorted(full & strata.upstream(view)),
             form_switch=None if form == state.form else
             f"{choice.strategy} stores the view as {form}, its state holds {state.form} ({choice.reason})",
             crossover=estimate)
@@ -219,10 +217,13 @@ def _plan_views(ctx: RunContext, p: Plan, wanted: list[str] | None, mode: Mode,
                                   "use --mode auto or full")
             full.add(view)
             work.append(ViewWork(view, strata.stratum_of[view], Mode.FULL, reason, upstream, inputs))
-        elif inputs or followed & strata.upstream(view):
+        elif inputs or (followed | full) & strata.upstream(view):
             why = [f"inputs changed: {', '.join(inputs)}"] if inputs else []
             why += [f"reads {v}, maintained across its changed definition"
                     for v in sorted(followed & strata.upstream(view))]
+            # no cascade (#48): a view recomputed below passes up the difference of its new and old states
+            why += [f"reads {v}, recomputed in this run, from the difference of its states"
+                    for v in sorted(full & strata.upstream(view))]
             if followed & strata.upstream(view):
                 followed.add(view)
             how = lookup(choice.strategy).describe(program, strata, view, cfg)
@@ -295,7 +296,6 @@ def plan_replay(ctx: RunContext, wanted: list[str], from_version: int, run_id: s
             view, Mode.REPLAY, cfg.mode,
             definition_changed=f" after run {run.id}" if d is not None and state.created_at is not None
             and aware(d.updated_at) > state.created_at else None,
-            recomputed=sorted(full & strata.upstream(view)),
             form_switch=None if form == state.form else
             f"{choice.strategy} stores the view as {form}, the restored state holds {state.form}")
         found = recompute_reason(facts)
