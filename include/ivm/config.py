@@ -95,6 +95,9 @@ class StorageSettings(_Model):
     register_views: bool = True
     #: the Spark catalog database of the views (default: the project's ``name``)
     database: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    #: with ``delta_views``: a view whose published layers hold at most this many MiB (and no nested
+    #: column) is written to its Delta table by delta-rs, whole, without a JVM (0: always through Spark)
+    sink_without_jvm_mb: float = Field(default=64.0, ge=0)
 
 
 class ExpectationSpec(_Model):

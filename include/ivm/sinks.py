@@ -31,11 +31,11 @@ from py4j.protocol import Py4JJavaError
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructType
+from pyspark.sql.types import ArrayType, MapType, StructType
 
 from ivm.catalog.store import StageRecord
 from ivm.changes import delta
-from ivm.config import resolve_location
+from ivm.config import COUNT_COLUMN, resolve_location
 from ivm.context import RunContext
 from ivm.errors import ConfigError, IvmError, one_line
 from ivm.zset import quote
@@ -96,8 +96,15 @@ def write_view(ctx: RunContext, view: str, previous: int | None, delta_path: str
     sink = _delta_table(where)
     now = None if sink is None else sink.transaction_version(app_id(view))
     key = ctx.config.views[view].key
+    small = None if now == version else state_without_jvm(ctx, view)
     if now == version:
         how = "current"
+    elif small is not None:  # (a small view: rewritten whole by delta-rs, cheaper than a MERGE through Spark)
+        from deltalake import CommitProperties, Transaction, write_deltalake
+
+        write_deltalake(delta.local_path(where), small, mode="overwrite", schema_mode="overwrite",
+                        commit_properties=CommitProperties(app_transactions=[Transaction(app_id(view), version)]))
+        how = "overwrite (delta-rs)"
     elif (full or not key or delta_path is None or now is None or now != previous
           or _columns(sink) != [(f.name, f.dataType) for f in ctx.schema(view).fields]):
         # (a view whose columns changed, ivm.evolution: written whole with its new schema, once)
@@ -110,6 +117,59 @@ def write_view(ctx: RunContext, view: str, previous: int | None, delta_path: str
     out = SinkWrite(view, where, how, dt.version() if dt is not None else None, time.perf_counter() - started)
     log.info("sink %s: %s at %s, Delta version %s (%.2f s)", view, how, where, out.delta_version, out.seconds)
     return out
+
+
+#: the Spark schema Spark writes into the footer of every Parquet file
+_SPARK_SCHEMA = b"org.apache.spark.sql.parquet.row.metadata"
+
+
+def small_layers(ctx: RunContext, view: str) -> tuple[list[str], StructType] | None:
+    """The Parquet files of the view's published layers and their Spark schema (from the files' footers)
+    when delta-rs may write the view without a JVM (`state_without_jvm`); None when that takes Spark:
+    ``storage.sink_without_jvm_mb`` is 0 or below the layers' size, a layer is not local, the layers'
+    schemas differ (a column added since, ivm.evolution) or a column is nested (arrays, structs and maps:
+    their Delta types would differ from Spark's in nullability alone)."""
+    import pyarrow.dataset as ds
+    import pyarrow.parquet as pq
+
+    limit = ctx.config.storage.sink_without_jvm_mb
+    layers = ctx.catalog.state(view).layers
+    paths = [delta.local_path(x.path) for x in layers]
+    if (not limit or not layers or any(x.bytes is None for x in layers)
+            or sum(x.bytes for x in layers) > limit * 2**20 or any("://" in p for p in paths)):
+        return None
+    files = [f for p in paths for f in ds.dataset(p, format="parquet").files]
+    footers = {(pq.read_schema(f).metadata or {}).get(_SPARK_SCHEMA) for f in files}
+    if len(footers) != 1 or None in footers:
+        return None
+    schema = StructType.fromJson(json.loads(footers.pop()))
+    if any(isinstance(f.dataType, ArrayType | MapType | StructType) for f in schema.fields):
+        return None
+    return files, schema
+
+
+def state_without_jvm(ctx: RunContext, view: str):
+    """The view's published state as SQL returns it (`RunContext.read_state`: bag rows repeated, set rows
+    once), read from its layers by pyarrow and consolidated there (counts summed per row, rows at zero
+    dropped), in its Spark types, as a pyarrow Table; None when this takes Spark (`small_layers`)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    small = small_layers(ctx, view)
+    if small is None:
+        return None
+    files, schema = small
+    arrow = to_arrow_schema(schema, timezone="UTC")  # (a TIMESTAMP is an instant: Delta's timestamp, UTC)
+    table = ds.dataset(files, format="parquet").to_table()
+    table = pa.table([table.column(f.name).cast(f.type) for f in arrow], schema=arrow)
+    columns = [f.name for f in schema.fields if f.name != COUNT_COLUMN]
+    summed = table.group_by(columns, use_threads=False).aggregate([(COUNT_COLUMN, "sum")])
+    counts = summed.column(f"{COUNT_COLUMN}_sum").to_numpy(zero_copy_only=False)
+    if ctx.program[0].predicates[view].semantics == "set":
+        counts = np.minimum(counts, 1)
+    return summed.select(columns).take(np.repeat(np.arange(len(counts)), np.maximum(counts, 0)))
 
 
 def _overwrite(rows: DataFrame, where: str, view: str, version: int) -> None:

@@ -132,3 +132,29 @@ def test_each_task_returns_its_summary(project, monkeypatch, tmp_path):
     report = run_report(command("report", "ok", path))
     assert (report["status"], report["relations"], report["run"]) == ("succeeded", ["rich"], "ok")
     assert sorted(tuple(r) for r in p.read("rich").collect()) == [("ann", 11), ("bob", 5)]
+
+
+def test_the_sink_of_small_views_runs_on_the_worker(make_project, monkeypatch, tmp_path):
+    """The sink task of a run whose views are small (`storage.sink_without_jvm_mb`) writes their Delta
+    tables with delta-rs on the worker itself: no spark-submit, no JVM (Stage.without_jvm)."""
+    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
+    from ivm import sinks
+
+    p = make_project({"acct": ACCT}, views=VIEWS, storage={"delta_views": True})
+    p.load("acct", changes(tmp_path / "acct.jsonl", (None, 1, "ann", 10), (None, 2, "bob", 5)))
+    p.refresh()
+    p.append("acct", changes(tmp_path / "c1.jsonl", ("insert", 3, "ann", 1)))
+    path = str(Path(p.config.root) / "ivm.yaml")
+    run_catalog_stage(command("plan", "small", path))
+    for stage in ("trim", "maintain", "validate"):
+        spark_stage(monkeypatch, stage, "small", path, exit_code=None)
+    run_catalog_stage(command("publish", "small", path))
+    monkeypatch.setattr(SparkSubmitOperator, "execute", lambda self, context: pytest.fail("a spark-submit"))
+    monkeypatch.setattr("ivm.context.session", lambda *a, **k: pytest.fail("the worker started Spark"))
+    op = SparkStageOperator(task_id="sink", application="ivm_stage.py", application_args=command("sink", "small", path))
+    summary = op.execute({})
+    assert summary["relations"] == ["rich"]
+    assert p.catalog.latest_stage("sink", "rich").detail["how"] == "overwrite (delta-rs)"
+    assert sinks.read_without_jvm(p.ctx, "rich").to_pylist() == [{"owner": "ann", "total": 11},
+                                                                  {"owner": "bob", "total": 5}]

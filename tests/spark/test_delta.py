@@ -44,12 +44,16 @@ def create(spark, path: Path, table: str, rows: list[tuple], cdf: bool = True) -
     return where
 
 
-def project_with_sources(make_project, spark, root: Path, orders: list[tuple], events: list[tuple]):
+def project_with_sources(make_project, spark, root: Path, orders: list[tuple], events: list[tuple],
+                         spark_sink: bool = False):
+    """``spark_sink``: every view's Delta table written by Spark (a MERGE where it has a key), not by
+    delta-rs as small views are (`storage.sink_without_jvm_mb`)."""
     sources = {"orders": create(spark, root / "lake" / "orders", "orders", orders),
                "events": create(spark, root / "lake" / "events", "events", events)}
     tables = {"orders": {**ORDERS, "source": {"delta": sources["orders"]}},
               "events": {**EVENTS, "source": {"delta": sources["events"]}}}
-    p = make_project(tables, root=root / "project", views=VIEWS, storage={"delta_views": True})
+    p = make_project(tables, root=root / "project", views=VIEWS,
+                     storage={"delta_views": True, **({"sink_without_jvm_mb": 0} if spark_sink else {})})
     return p, sources
 
 
@@ -127,7 +131,7 @@ def test_delta_sources_and_views_match_duckdb(make_project, spark, tmp_path_fact
     root = tmp_path_factory.mktemp("delta")
     orders = list({r[0]: r for r in data.draw(st.lists(order, max_size=6), "orders")}.values())
     events = data.draw(st.lists(event, max_size=6), "events")
-    p, sources = project_with_sources(make_project, spark, root, orders, events)
+    p, sources = project_with_sources(make_project, spark, root, orders, events, spark_sink=True)
     first = p.refresh()
     assert {v.mode for v in first.views} == {"full"}
     assert_views(spark, p, sources)
@@ -150,7 +154,7 @@ def test_a_source_without_its_change_data_feed_is_refused_at_apply(make_project,
 
 def test_a_delta_source_is_changed_where_it_is_and_its_schema_is_checked(make_project, spark, tmp_path):
     p, sources = project_with_sources(make_project, spark, tmp_path, [(1, "ann", Decimal("60.00"), DAYS[0])],
-                                      [(DAYS[0], "click", 1.0)])
+                                      [(DAYS[0], "click", 1.0)], spark_sink=True)
     with pytest.raises(ConfigError, match="table orders reads Delta table .*: change it there"):
         p.append("orders", str(tmp_path / "changes.jsonl"))
     p.refresh()
@@ -311,3 +315,55 @@ def test_a_crash_between_the_catalog_commit_and_a_views_delta_commit(make_projec
     for s in sinks.snapshot(p.ctx):
         assert s.delta_version is not None, s
         assert bag(spark.sql(s.sql()).collect()) == bag(p.read(s.view).collect()), s.view
+
+
+def test_small_views_are_written_by_delta_rs_without_a_jvm(make_project, spark, tmp_path):
+    """A view whose layers are small (`storage.sink_without_jvm_mb`) is consolidated by pyarrow and written
+    whole by delta-rs — DATE, TIMESTAMP, DECIMAL, DOUBLE, NULLs, a bag's duplicate rows, a set view —
+    so the DAG's sink task needs no spark-submit (`publish.sink_without_jvm`), and Spark reads each table
+    as ivm holds the view; a later Spark MERGE (the threshold at 0) continues the table delta-rs wrote."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ivm.refresh import publish
+
+    schema = pa.schema([("id", pa.int64()), ("day", pa.date32()), ("ts", pa.timestamp("us")),
+                        ("amount", pa.decimal128(10, 2)), ("price", pa.float64())])
+
+    def parquet(name: str, rows: list[tuple], kinds: list[str] | None = None) -> str:
+        table = pa.Table.from_pylist([dict(zip(schema.names, r, strict=True)) for r in rows], schema=schema)
+        if kinds:
+            table = table.append_column("_change_type", pa.array(kinds, pa.string()))
+        pq.write_table(table, tmp_path / name)
+        return str(tmp_path / name)
+
+    ts = dt.datetime(2026, 11, 1, 23, 30)
+    rows = [(1, DAYS[0], ts, Decimal("1.50"), 0.25), (2, DAYS[1], None, None, None),
+            (3, DAYS[0], ts, Decimal("1.50"), 0.25)]
+    views = {"copies": {"sql": "SELECT day, ts, amount, price FROM m"},  # (rows 1 and 3 are one row twice)
+             "days": {"sql": "SELECT DISTINCT day FROM m"},
+             "per_day": {"sql": "SELECT day, max(ts) AS last, sum(amount) AS total FROM m GROUP BY day",
+                         "key": ["day"]}}
+    table = {"m": {"columns": {"id": "bigint", "day": "date", "ts": "timestamp", "amount": "decimal(10,2)",
+                               "price": "double"}, "key": ["id"]}}
+    p = make_project(table, root=tmp_path / "p", views=views, storage={"delta_views": True})
+    p.load("m", parquet("m.parquet", rows))
+    p.refresh()
+    p.append("m", parquet("c1.parquet", [rows[1], (4, DAYS[2], ts, Decimal("-2.00"), 1e-3)], ["delete", "insert"]))
+    result = p.refresh()
+    assert publish.sink_without_jvm(p.ctx, result.run_id)  # (as the DAG's sink task asks)
+    for view in views:
+        assert p.catalog.latest_stage("sink", view).detail["how"] == "overwrite (delta-rs)", view
+        assert bag(spark.read.format("delta").load(sinks.location(p.ctx, view)).collect()) == bag(
+            p.read(view).collect()), view
+    assert spark.read.format("delta").load(sinks.location(p.ctx, "copies")).schema == p.ctx.schema("copies")
+    # over the threshold: Spark's MERGE, into the table delta-rs wrote
+    again = make_project(table, root=tmp_path / "p", views=views,
+                         storage={"delta_views": True, "sink_without_jvm_mb": 0})
+    again.append("m", parquet("c2.parquet", [(5, DAYS[2], None, Decimal("3.00"), None)], ["insert"]))
+    result = again.refresh()
+    assert not publish.sink_without_jvm(again.ctx, result.run_id)
+    assert again.catalog.latest_stage("sink", "per_day").detail["how"] == "merge"
+    for view in views:
+        assert bag(spark.read.format("delta").load(sinks.location(again.ctx, view)).collect()) == bag(
+            again.read(view).collect()), view

@@ -3,7 +3,9 @@
 
 * a stage that needs Spark (trim, maintain, validate, sink, compact) as a spark-submit of
   ``jobs/ivm_stage.py`` — `SparkStageOperator`, which first asks the catalog whether the run gives the
-  stage anything to do and skips the task if not (Stage.idle: a run with nothing to do starts no JVM);
+  stage anything to do and skips the task if not (Stage.idle: a run with nothing to do starts no JVM),
+  and runs it on the worker itself when its work this time needs no JVM (Stage.without_jvm: the sink
+  of small views, written by delta-rs);
 * a stage that only reads and writes the catalog (plan, publish, report) as a Python task on the
   Airflow worker — `run_catalog_stage`, `run_report`.
 
@@ -84,9 +86,15 @@ class SparkStageOperator(SparkSubmitOperator):
         name, path, args = parse_stage_args(list(self.application_args))
         started = time.perf_counter()
         with opened(path, name) as project:
-            why = stages.stage(name).idle(project.ctx, args.run_id)
+            stage = stages.stage(name)
+            why = stage.idle(project.ctx, args.run_id)
             if why is not None:
                 raise AirflowSkipException(f"ivm {name}: nothing to do in run {args.run_id}: {why}")
+            if stage.without_jvm(project.ctx, args.run_id):  # (e.g. the sink of small views, by delta-rs)
+                self.log.info("ivm %s: the run's work needs no JVM: done on the worker, no spark-submit", name)
+                stages.run_stage(project.ctx, name, args)
+                return {**stage_summary(project.ctx, args.run_id, name, args.views),
+                        "seconds": round(time.perf_counter() - started, 2)}
             try:
                 super().execute(context)
             except Exception:

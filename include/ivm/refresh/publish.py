@@ -76,6 +76,16 @@ def publish_stage(ctx: RunContext, run_id: str, progress: Progress = lambda _: N
     return RefreshResult(run_id, status, p.snapshot, p.tables, seconds, p.views)
 
 
+def _sink_writes(ctx: RunContext, run_id: str) -> list[tuple[str, int | None, str | None, bool]]:
+    """What the sink stage of run ``run_id`` writes: each view the run refreshed (its previous version,
+    its delta layer, whether it was recomputed), and the views an earlier sink stage left behind (whole)."""
+    p, versions = load_plan(ctx, run_id)
+    planned = {v.view for v in p.views}
+    return ([(v.view, versions.get(v.view), v.layers[v.view].path if v.view in v.layers else None,
+              v.mode is Mode.FULL) for v in p.views]
+            + [(v, None, None, True) for v in sinks.behind(ctx) if v not in planned])
+
+
 def sink_stage(ctx: RunContext, run_id: str, progress: Progress = lambda _: None) -> list[SinkWrite]:
     """After the commit point: every view the run refreshed, written to its Delta table (ivm.sinks) in
     one Delta commit each; nothing when ``storage.delta_views`` is off. Retried, it writes nothing twice."""
@@ -84,12 +94,14 @@ def sink_stage(ctx: RunContext, run_id: str, progress: Progress = lambda _: None
     run = ctx.catalog.get_run(run_id)
     if run is None or run.status not in ("succeeded", "noop"):
         raise RunError(f"run {run_id} has not been published yet; its views' Delta tables wait for its publish")
-    p, versions = load_plan(ctx, run_id)
-    planned = {v.view for v in p.views}
-    # (and the views an earlier sink stage left behind: written whole)
-    return sinks.write_views(ctx, run_id, [(v.view, versions.get(v.view), v.layers[v.view].path if v.view in v.layers
-                                            else None, v.mode is Mode.FULL) for v in p.views]
-                             + [(v, None, None, True) for v in sinks.behind(ctx) if v not in planned], progress)
+    return sinks.write_views(ctx, run_id, _sink_writes(ctx, run_id), progress)
+
+
+def sink_without_jvm(ctx: RunContext, run_id: str) -> bool:
+    """Whether every view the sink stage of run ``run_id`` writes is small enough for delta-rs
+    (`sinks.small_layers`): then the stage needs no JVM."""
+    return ctx.config.storage.delta_views and all(sinks.small_layers(ctx, v) is not None
+                                                  for v, *_ in _sink_writes(ctx, run_id))
 
 
 def catch_up_sinks(ctx: RunContext, snapshot: dict[str, int], progress: Progress = lambda _: None) -> None:

@@ -68,6 +68,9 @@ class Stage:
     #: why run ``run_id`` gives the stage nothing to do (None: it has work), from the catalog alone: the
     #: DAG skips the stage's spark-submit then (a run with nothing to do starts no JVM)
     idle: Callable[[RunContext, str], str | None] = lambda ctx, run_id: None
+    #: whether the stage's work in run ``run_id`` needs no JVM (the sink of small views, by delta-rs): the
+    #: DAG's Spark task then runs it on the Airflow worker, with no spark-submit
+    without_jvm: Callable[[RunContext, str], bool] = lambda ctx, run_id: False
 
 
 def _plan(ctx: RunContext, a: StageArgs, say: Progress) -> None:
@@ -110,7 +113,7 @@ STAGES: tuple[Stage, ...] = (
           catalog_only=True),
     # (Spark starts only when a view is written: `storage.delta_views` off, the stage does nothing)
     Stage("sink", lambda ctx, a, say: publish.sink_stage(ctx, a.run_id, say), spark=False, readable=True,
-          idle=publish.sink_idle),
+          idle=publish.sink_idle, without_jvm=publish.sink_without_jvm),
     Stage("compact", lambda ctx, a, say: publish.compact_stage(ctx, a.run_id, say), spark=False,
           idle=publish.compact_idle),
     Stage("report", _report, spark=False, in_process=False, catalog_only=True),
