@@ -136,7 +136,8 @@ def test_each_task_returns_its_summary(project, monkeypatch, tmp_path):
 
 def test_the_sink_of_small_views_runs_on_the_worker(make_project, monkeypatch, tmp_path):
     """The sink task of a run whose views are small (`storage.sink_without_jvm_mb`) writes their Delta
-    tables with delta-rs on the worker itself: no spark-submit, no JVM (Stage.without_jvm)."""
+    tables with delta-rs on the worker itself: no spark-submit, no JVM (Stage.without_jvm); should it
+    fail, the run stays published (the sink is after the commit point) and the retried task writes."""
     from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
     from ivm import sinks
@@ -153,6 +154,12 @@ def test_the_sink_of_small_views_runs_on_the_worker(make_project, monkeypatch, t
     monkeypatch.setattr(SparkSubmitOperator, "execute", lambda self, context: pytest.fail("a spark-submit"))
     monkeypatch.setattr("ivm.context.session", lambda *a, **k: pytest.fail("the worker started Spark"))
     op = SparkStageOperator(task_id="sink", application="ivm_stage.py", application_args=command("sink", "small", path))
+    # a sink that fails after the commit point fails its task, not the published run (a retry completes it)
+    with monkeypatch.context() as m:
+        m.setattr(sinks, "write_view", lambda *a: (_ for _ in ()).throw(OSError("disk full")))
+        with pytest.raises(OSError, match="disk full"):
+            op.execute({})
+    assert p.catalog.get_run("small").status == "succeeded"
     summary = op.execute({})
     assert summary["relations"] == ["rich"]
     assert p.catalog.latest_stage("sink", "rich").detail["how"] == "overwrite (delta-rs)"

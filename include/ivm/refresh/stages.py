@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 from tabulate import tabulate
@@ -130,14 +131,19 @@ def stage(name: str) -> Stage:
 
 def run_stage(ctx: RunContext, name: str, args: StageArgs) -> object:
     """Run stage ``name`` of run ``args.run_id``; progress and timings go to the log (the task log in
-    Airflow). A failure records the run failed with the stage's name and one line, and keeps the run's
-    leases: the run stays retryable until they expire or a retry publishes."""
+    Airflow). A failure before the commit point records the run failed with the stage's name and one
+    line, and keeps the run's leases: the run stays retryable until they expire or a retry publishes. A
+    failure after it (sink, compact, report) leaves the run as published — its views are what readers
+    see — and fails the task alone, which a retry or the next refresh completes (a lagging Delta table
+    is written by the next sink stage, `publish.sink_stage`)."""
     s = stage(name)
     started = time.perf_counter()
     log.info("ivm %s: run %s%s", name, args.run_id, f", views {', '.join(args.views)}" if args.views else "")
+    committed = STAGES.index(s) > next(i for i, x in enumerate(STAGES) if x.commit)
     try:
         # (a task killed midway, KeyboardInterrupt or SIGTERM, leaves the run running for its retry)
-        with ctx.catalog.run(args.run_id, keep_leases=True, failure=f"{name}: ", catch=Exception):
+        with nullcontext() if committed else ctx.catalog.run(args.run_id, keep_leases=True, failure=f"{name}: ",
+                                                               catch=Exception):
             if s.spark:
                 _ = ctx.spark
             return s.run(ctx, args, log.info)
