@@ -7,9 +7,9 @@ shape of a query the compiler reads), `SCALARS` (row-by-row expressions), `FUNCT
 scalar functions Spark provides, by sqlglot's class, and more by name in `NAMED_FUNCTIONS`),
 `GENERATORS` (LATERAL VIEW's explode and inline, 002's extraction of a nested collection) or the
 aggregates the compiler maps (`ivm.lang.sql.AGGREGATES`), or when it calls one of the project's own
-aggregates, and window functions (`WINDOW_FUNCTIONS`, or such an aggregate) in a SELECT list or QUALIFY.
-The families the front end cannot maintain yet get a message of their own: other window functions,
-TABLESAMPLE, the FILTER of an aggregate that does not skip NULL, a query where a
+aggregates, and window functions (`ivm.lang.window_functions.WINDOW_FUNCTIONS`, or such an
+aggregate) in a SELECT list or QUALIFY. The families the front end cannot maintain yet get a message
+of their own: other window functions, TABLESAMPLE, the FILTER of an aggregate that does not skip NULL, a query where a
 value stands other than a parenthesized scalar subquery (ivm.lang.aggregate_filters rewrites the other
 FILTERs, count_if and counts over several columns first; ivm.lang.scalar_subqueries decorrelates scalar
 subqueries into joins after qualification, and refuses what it cannot),
@@ -34,6 +34,7 @@ from collections.abc import Iterable
 from sqlglot import exp
 
 from ivm.errors import ConfigError
+from ivm.lang.window_functions import WINDOW_FUNCTIONS, function
 
 
 class Refused(ConfigError):
@@ -98,14 +99,6 @@ def scalar_subquery(node: exp.Expression) -> bool:
     return not isinstance(node.parent, _QUERY_PLACES)
 
 
-#: window functions by their position in the order of the partition (they need ORDER BY), and over a
-#: frame of the ordered partition; with the aggregates the compiler maps, the window functions ivm
-#: maintains per partition, by Spark's own window functions (ivm.lang.window_functions)
-RANKING = _classes("RowNumber Rank DenseRank PercentRank CumeDist Ntile Lag Lead")
-VALUES = _classes("FirstValue LastValue NthValue First Last")
-WINDOW_FUNCTIONS = RANKING + VALUES
-
-
 def _in_window(node: exp.Expression) -> bool:
     """Whether ``node`` is part of a window: its function, OVER (...), IGNORE / RESPECT NULLS."""
     parent = node.parent
@@ -117,7 +110,7 @@ def _in_window(node: exp.Expression) -> bool:
 def _window_refusal(node: exp.Window, aggregates: dict) -> str | None:
     """A window function is allowed in a SELECT list or QUALIFY, over a function of `WINDOW_FUNCTIONS`
     or an aggregate the compiler maps (not a project's own aggregate)."""
-    fn = node.this.this if isinstance(node.this, exp.IgnoreNulls | exp.RespectNulls) else node.this
+    fn = function(node)
     if not isinstance(fn, WINDOW_FUNCTIONS) and type(fn) not in aggregates:
         return f"window function {fn.sql(dialect='spark')} OVER (...) is not supported yet"
     if node.args.get("alias") is not None or not node.args.get("over"):
@@ -126,7 +119,7 @@ def _window_refusal(node: exp.Window, aggregates: dict) -> str | None:
     if fn.find(exp.Distinct):
         return (f"DISTINCT in the window function {node.sql(dialect='spark')} is refused (Spark has no DISTINCT "
                 "window aggregate)")
-    if isinstance(fn, RANKING + VALUES) and node.args.get("order") is None:
+    if isinstance(fn, WINDOW_FUNCTIONS) and node.args.get("order") is None:
         return f"the window function {fn.sql(dialect='spark')} needs ORDER BY in its OVER (...)"
     child, parent = node, node.parent
     while parent is not None and not isinstance(parent, exp.Select | exp.Qualify):

@@ -47,10 +47,15 @@ from dataclasses import dataclass, field
 
 from sqlglot import exp
 
+#: window functions by their position in the order of the partition, and over a frame of the ordered
+#: partition (both need ORDER BY); with the aggregates the compiler maps, the window functions ivm
+#: maintains (ivm.lang.allowlist refuses the others)
+RANKING = (exp.RowNumber, exp.Rank, exp.DenseRank, exp.PercentRank, exp.CumeDist, exp.Ntile, exp.Lag, exp.Lead)
+VALUES = (exp.FirstValue, exp.LastValue, exp.NthValue, exp.First, exp.Last)
+WINDOW_FUNCTIONS = RANKING + VALUES
 #: window functions whose value depends on the order ORDER BY leaves among tied rows (see the module
 #: docstring)
-_TIE_SENSITIVE = (exp.RowNumber, exp.Ntile, exp.Lag, exp.Lead, exp.FirstValue, exp.LastValue, exp.NthValue,
-                  exp.First, exp.Last)
+_TIE_SENSITIVE = (exp.RowNumber, exp.Ntile, exp.Lag, exp.Lead, *VALUES)
 
 
 @dataclass
@@ -118,7 +123,7 @@ def split(select: exp.Select) -> Windowed:
     def _window(w: exp.Window) -> exp.Column:
         order = w.args.get("order")
         new = w.copy()
-        call = new.this.this if isinstance(new.this, exp.IgnoreNulls | exp.RespectNulls) else new.this
+        call = function(new)
         for arg in list(call.iter_expressions()):  # (an argument may be an aggregate: SUM(SUM(x)) OVER ...)
             if not isinstance(arg, exp.Star) and _data(arg):
                 arg.replace(leaf(arg))
