@@ -10,7 +10,10 @@ from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import duckdb
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from pyspark.sql import functions as F
 
 from ivm import Project, gc
@@ -20,7 +23,18 @@ from ivm.orchestration.stages import run_id_for
 from ivm.refresh import load_plan
 from ivm.refresh.stages import STAGE_NAMES, StageArgs, run_stage
 from ivm.spark import session
-from tests.helpers import assert_views_recomputed, corrupt, lines
+from tests.conftest import drawn_stream
+from tests.helpers import (
+    ROWS,
+    STREAMS,
+    apply_batch,
+    assert_views_recomputed,
+    batch,
+    corrupt,
+    lines,
+    rows,
+    write_jsonl,
+)
 
 TABLES = {"t": {"columns": {"k": "string", "v": "int"}}, "u": {"columns": {"k": "string", "w": "int"}}}
 VIEWS = {"per_k": {"sql": "SELECT k, count(*) AS n, sum(v) AS s FROM t GROUP BY k"},
@@ -115,6 +129,47 @@ def test_a_recomputed_view_passes_its_difference_up(setup, make_project, tasks):
     assert modes["big"][0] == "incremental" and "reads per_k, recomputed in this run" in modes["big"][1]
     assert zset(again, "big") == Counter({("a", 4): 1})  # a: 1, 2, 5, 7; b's 3s are filtered now; c: 1
     assert_views_recomputed(again)
+
+
+#: a view recomputed on every run (``mode: full``) and views that read it: a bag with a filter, a global
+#: aggregate, a set
+ABOVE_FULL = {"low": {"sql": "SELECT b, count(*) AS n, sum(a) AS s FROM r GROUP BY b", "mode": "full"},
+              "pairs": {"sql": "SELECT b, n FROM low WHERE n > 1"},
+              "total": {"sql": "SELECT count(*) AS c, sum(s) AS s FROM low"},
+              "sizes": {"sql": "SELECT DISTINCT n FROM low"}}
+
+
+@pytest.mark.e2e
+@STREAMS
+@given(data=st.data())
+def test_views_above_a_recomputed_view_follow_change_streams(make_project, tmp_path_factory, data):
+    """#48, no cascade, differentially: ``low`` is recomputed by every run and the views that read it are
+    maintained from its difference; over hypothesis change streams of ``r`` (inserts, deletes, updates,
+    NULLs, duplicates, emptied groups) every view equals its full recomputation and DuckDB after each run."""
+    drawn_stream(data)
+    root = tmp_path_factory.mktemp("above-full")
+    cols = ["a", "b"]
+    p = make_project({"r": {"columns": {"a": "int", "b": "string"}}}, root=root / "p", views=ABOVE_FULL)
+    state = {"r": data.draw(st.lists(ROWS["r"], max_size=8), "initial")}
+    p.load("r", write_jsonl(root / "r-0.jsonl", cols, state["r"]))
+    p.refresh()
+    for n in range(1, 4):
+        changes = {t: c for t, c in data.draw(batch(state), f"batch {n}").items() if t == "r"}
+        apply_batch(state, changes)
+        if changes:
+            p.append("r", write_jsonl(root / f"r-{n}.jsonl", cols, [r for _, r in changes["r"]],
+                                      [k for k, _ in changes["r"]]))
+        modes = {v.view: v.mode for v in p.refresh().views}
+        assert modes.get("low") in (None, "full") and "full" not in {modes.get(v) for v in ABOVE_FULL if v != "low"}
+        assert_views_recomputed(p)
+        con = duckdb.connect()
+        con.execute("CREATE TABLE r (a INTEGER, b VARCHAR)")
+        if state["r"]:
+            con.executemany("INSERT INTO r VALUES (?, ?)", state["r"])
+        for view, spec in ABOVE_FULL.items():
+            con.execute(f"CREATE VIEW {view} AS {spec['sql']}")
+            assert rows(tuple(r) for r in p.read(view).collect()) == rows(
+                con.execute(f"SELECT * FROM {view}").fetchall()), view
 
 
 def test_a_maintenance_task_killed_midway_and_retried(setup, monkeypatch):
