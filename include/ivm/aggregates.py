@@ -2,30 +2,50 @@
 
     aggregates:
       spread:   {sql: "array_max(vals) - array_min(vals)"}              # Spark SQL over the array
-      geo_mean: {python: "mystats:geo_mean", returns: double}               # Python over a list
+      pymean:   {python: "mystats:mean", returns: double}                   # Python over a list
+      geo_mean:                                                             # inductive (001 §2)
+        initial: "named_struct('n', 0L, 'logs', 0D)"
+        iterate: "named_struct('n', state.n + 1, 'logs', state.logs + ln(x))"
+        merge:   "named_struct('n', state.n + other.n, 'logs', state.logs + other.logs)"
+        final:   "CASE WHEN state.n > 0 THEN exp(state.logs / state.n) END"
+        retract: "named_struct('n', state.n - 1, 'logs', state.logs - ln(x))"
 
 A SQL aggregate is an expression over the array ``vals``: in a GROUP BY it receives the group's values
 (``collect_list``, or ``collect_set`` with DISTINCT), over a Datalog set the set itself; it runs in the
 JVM. A Python aggregate is a function of a list, applied the same way through a scalar UDF registered as
 ``<name>__py`` (a pandas grouped-aggregate UDF cannot share a GROUP BY with other aggregates in Spark).
-NULLs are not collected.
+NULLs are not collected. An inductive aggregate is the fold of its steps over the values (ivm.ir.Inductive),
+and GROUP BY maintenance keeps its state per group (ivm.maintain.groupby), where the other kinds are
+recomputed for the groups a change touches.
 """
 
 from __future__ import annotations
 
 import importlib
+import re
 
 import sqlglot
 from sqlglot import exp
 
 from ivm.config import AggregateConfig
 from ivm.errors import ConfigError
-from ivm.ir import VALUES_PLACEHOLDER, Aggregate, Expr, Var
+from ivm.ir import VALUES_PLACEHOLDER, Aggregate, Expr, Inductive, Var
+
+
+def used_by(aggregates: dict[str, AggregateConfig], definition: str) -> list[str]:
+    """The registered aggregates a view's definition calls (by name, as SQL and Datalog call them)."""
+    return [n for n in aggregates if re.search(rf"\b{re.escape(n)}\s*\(", definition, re.IGNORECASE)]
+
+
+def inductive(agg: AggregateConfig) -> Inductive:
+    return Inductive(agg.initial, agg.iterate, agg.merge, agg.final, agg.retract)  # type: ignore[arg-type]
 
 
 def aggregate(name: str, agg: AggregateConfig, out: Var, arg: Expr, distinct: bool) -> Aggregate:
     """A call of a registered aggregate in a GROUP BY (SQL) or a groupby subgoal (Datalog): the
-    aggregate of the group's collected values."""
+    aggregate of the group's collected values, or an inductive one's fold over them."""
+    if agg.inductive:
+        return Aggregate(out, name, arg, distinct, inductive=inductive(agg))
     return Aggregate(out, name, arg, distinct, template=over_array(name, agg, VALUES_PLACEHOLDER))
 
 
@@ -35,6 +55,8 @@ def over_set(name: str, agg: AggregateConfig, set_var: str) -> str:
 
 
 def over_array(name: str, agg: AggregateConfig, array_sql: str) -> str:
+    if agg.inductive:
+        return inductive(agg).fold(array_sql)
     if agg.sql is not None:
         return sql_template(agg, array_sql)
     return f"{name}__py({array_sql})"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import sqlglot
 import yaml
@@ -207,22 +207,56 @@ class TableConfig(_Model):
 
 
 class AggregateConfig(_Model):
-    """A user-defined aggregate: a Spark SQL expression over the array ``vals`` (runs in the JVM, no
-    Python), or a Python function ``module:function`` taking a list and returning a ``returns`` value."""
+    """A user-defined aggregate, one of three kinds:
+
+    - ``sql``: a Spark SQL expression over the array ``vals`` (runs in the JVM, no Python);
+    - ``python``: a function ``module:function`` taking a list and returning a ``returns`` value;
+    - inductive (001 §2): ``initial``, ``iterate``, ``merge`` and ``final`` Spark SQL expressions over a
+      state, and optionally ``retract`` (ivm.ir.Inductive says which names each may use). It is
+      maintained from its stored state per group: on inserts always, on deletes when ``retract`` is
+      given (otherwise the groups a delete touches are recomputed from their stored values).
+    """
 
     sql: str | None = None
     python: str | None = None
     returns: str | None = None
+    initial: str | None = None
+    iterate: str | None = None
+    merge: str | None = None
+    final: str | None = None
+    retract: str | None = None
+
+    #: the names each expression of an inductive aggregate may read
+    INDUCTIVE_NAMES: ClassVar[dict[str, set[str]]] = {
+        "initial": set(), "iterate": {"state", "x"}, "merge": {"state", "other"}, "final": {"state"},
+        "retract": {"state", "x"}}
+
+    @property
+    def inductive(self) -> bool:
+        return self.initial is not None
 
     @model_validator(mode="after")
     def _one_kind(self) -> AggregateConfig:
-        if (self.sql is None) == (self.python is None):
-            raise ValueError("an aggregate needs exactly one of `sql` or `python`")
-        if self.sql is not None:
-            try:
-                tree = sqlglot.parse_one(self.sql, read="spark")
-            except ParseError as e:
-                raise ValueError(f"sql: not a Spark SQL expression: {str(e).splitlines()[0]}") from e
+        steps = {k: getattr(self, k) for k in self.INDUCTIVE_NAMES}
+        given = {k for k, v in steps.items() if v is not None}
+        if sum([self.sql is not None, self.python is not None, bool(given)]) != 1:
+            raise ValueError("an aggregate needs exactly one of `sql`, `python` or `initial`/`iterate`/`merge`/`final`")
+        if given:
+            missing = [k for k in ("initial", "iterate", "merge", "final") if k not in given]
+            if missing:
+                raise ValueError(f"an inductive aggregate needs {', '.join(missing)} too")
+            if self.returns is not None:
+                raise ValueError("returns: only a Python aggregate declares its type (Spark infers the others')")
+            for k in given:
+                tree = _parse_sql(k, steps[k])
+                names = {c.parts[0].name for c in tree.find_all(exp.Column)} - {
+                    p.name for lam in tree.find_all(exp.Lambda) for p in lam.expressions}
+                unknown = sorted(names - self.INDUCTIVE_NAMES[k])
+                if unknown:
+                    allowed = " and ".join(f"`{n}`" for n in sorted(self.INDUCTIVE_NAMES[k])) or "no column"
+                    raise ValueError(f"{k}: reads {', '.join(unknown)}; it may read {allowed}")
+        elif self.sql is not None:
+            tree = _parse_sql("sql", self.sql)
             if "vals" not in {c.name for c in tree.find_all(exp.Column)}:
                 raise ValueError("sql: the expression must use the array `vals`")
         else:
@@ -232,6 +266,13 @@ class AggregateConfig(_Model):
                 raise ValueError("returns: a Python aggregate needs its Spark SQL result type")
             spark_type(self.returns)
         return self
+
+
+def _parse_sql(field: str, text: str) -> exp.Expression:
+    try:
+        return sqlglot.parse_one(text, read="spark")
+    except ParseError as e:
+        raise ValueError(f"{field}: not a Spark SQL expression: {str(e).splitlines()[0]}") from e
 
 
 class ReduceSettings(_Model):

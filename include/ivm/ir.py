@@ -125,6 +125,54 @@ class Assign:
 
 
 @dataclass(frozen=True)
+class Inductive:
+    """A user-defined aggregate defined inductively (001 §2: ``count({}, 0)``, ``count({X | Y}, C) :-
+    count(Y, C1), C = C1 + 1``), as Spark SQL expressions over a state (any Spark type, usually a struct):
+
+      initial   the state of the empty multiset                       (no variables)
+      iterate   the state after one more value ``x``                 (``state``, ``x``)
+      merge     the state of the union of two multisets               (``state``, ``other``)
+      final     the aggregate's value                                  (``state``)
+      retract   the state after removing one value ``x``, if any      (``state``, ``x``)
+
+    Each is run by Spark's higher-order functions (``aggregate``, ``transform``): JVM expressions, no
+    UDF. The aggregate must not depend on the order of the values (it is a function of a multiset);
+    ivm folds them sorted, so a recomputation gets the same value as the first computation did.
+
+    >>> sum_ = Inductive("0L", "state + x", "state + other", "state", "state - x")
+    >>> sum_.fold("vals")
+    'aggregate(vals, 0L, (state, x) -> state + x, state -> state)'
+    >>> sum_.merged("o", "p")
+    'aggregate(array(p), o, (state, other) -> state + other)'
+    >>> sum_.retracted("deleted", "s")
+    'aggregate(deleted, s, (state, x) -> state - x)'
+    """
+
+    initial: str
+    iterate: str
+    merge: str
+    final: str
+    retract: str | None = None
+
+    def fold(self, values_sql: str, start: str | None = None, final: bool = True) -> str:
+        """The state (``final``: the value) after iterating over an array of values from ``start``."""
+        finish = f", state -> {self.final}" if final else ""
+        return f"aggregate({values_sql}, {start or self.initial}, (state, x) -> {self.iterate}{finish})"
+
+    def merged(self, state_sql: str, other_sql: str) -> str:
+        """``merge`` of two states (folding a one-element array binds the lambda's names)."""
+        return f"aggregate(array({other_sql}), {state_sql}, (state, other) -> {self.merge})"
+
+    def retracted(self, values_sql: str, state_sql: str) -> str:
+        """The state after retracting each value of an array."""
+        return f"aggregate({values_sql}, {state_sql}, (state, x) -> {self.retract})"
+
+    def value(self, state_sql: str) -> str:
+        """``final`` of a state."""
+        return f"element_at(transform(array({state_sql}), state -> {self.final}), 1)"
+
+
+@dataclass(frozen=True)
 class Aggregate:
     """``var = func([DISTINCT] arg)``; ``arg`` is None for COUNT(*)."""
 
@@ -139,11 +187,15 @@ class Aggregate:
     #: the rows of a window's partition (ivm.lang.window_functions): (variable, Spark SQL window function
     #: over the grouped atom's variables), computed over the group's rows before ``arg`` collects them
     windows: tuple[tuple[str, str], ...] = ()
+    #: a user-defined aggregate defined inductively (001 §2), maintained from its state per group
+    inductive: Inductive | None = None
 
     def call(self) -> str:
         """The aggregate as a Spark SQL call over its argument."""
         if self.windows:  # the partition's rows, in one order (a multiset has none)
             return f"array_sort(collect_list({self.arg}))"
+        if self.inductive is not None:  # folded sorted: see Inductive
+            return self.inductive.fold(f"array_sort({'collect_set' if self.distinct else 'collect_list'}({self.arg}))")
         if self.template is not None:
             # an aggregate over a (multi)set gets its values in one order, sorted: a Python function of a
             # list then returns the same value however the rows were read (001 §2: aggregates are
@@ -293,9 +345,13 @@ DISTINCT_OK = {"count", "sum", "avg"}
 
 
 def aggregate_kind(a: Aggregate) -> str:
-    """How an aggregate is maintained: star, count, sum, avg, variance, min, max, distinct, recompute."""
+    """How an aggregate is maintained: star, count, sum, avg, variance, min, max, distinct, inductive
+    (a user's inductive aggregate with ``retract``), inductive_insert (one without: incremental on
+    insert only), recompute."""
     if a.template is not None or a.windows:
         return "recompute"
+    if a.inductive is not None:  # under DISTINCT a value leaves the set only with its last copy: recomputed
+        return "recompute" if a.distinct else "inductive" if a.inductive.retract else "inductive_insert"
     if a.func == "count" and a.arg is None:
         return "star"
     if a.distinct and a.func in DISTINCT_OK:

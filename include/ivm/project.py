@@ -9,10 +9,11 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from ivm import compaction, evolution, explain, gc, sinks
+from ivm.aggregates import used_by
 from ivm.catalog import Catalog
 from ivm.catalog.models import Run, utcnow
 from ivm.changes import delta, ingest, quarantine
-from ivm.config import COUNT_COLUMN, ProjectConfig, TableConfig, load_project
+from ivm.config import COUNT_COLUMN, ProjectConfig, TableConfig, ViewConfig, load_project
 from ivm.context import RunContext
 from ivm.errors import ConfigError, NotFoundError
 from ivm.ir import Program
@@ -102,7 +103,8 @@ class Project:
             try:
                 self.schema(view)
             except AnalysisException as e:
-                raise ConfigError(f"views.{view}: Spark cannot evaluate it: {e.getMessage().splitlines()[0]}") from e
+                raise ConfigError(_inductive_type_error(self.config, view, e)
+                                  or f"views.{view}: Spark cannot evaluate it: {e.getMessage().splitlines()[0]}") from e
 
     def _check_validation(self) -> None:
         """A view's declared key and expectations name its columns, and GE knows the expectations."""
@@ -151,10 +153,7 @@ class Project:
         view_notes, stale = self._evolved_views(evolved)
         notes = [line for ev in evolved for line in ev.describe()] + view_notes
         tables = {n: {**_table_spec(t), "added_columns": added.get(n)} for n, t in self.config.tables.items()}
-        views = {n: {"language": v.language, "definition": v.definition,
-                     "options": v.model_dump(mode="json", by_alias=True, exclude={"sql", "datalog"},
-                                             exclude_none=True)}
-                 for n, v in self.config.views.items()}
+        views = {n: _view_spec(self.config, v) for n, v in self.config.views.items()}
         now = utcnow()
         for view in stale:  # recomputed by the next refresh, as after a change of its definition
             views[view]["updated_at"] = now
@@ -385,3 +384,31 @@ def _table_spec(t: TableConfig) -> dict:
 def _applied_spec(row) -> dict:
     return {"columns": dict(row.columns), "key": list(row.key) if row.key else None,
             "unique_keys": [list(u) for u in row.unique_keys or []], "references": dict(row.references or {})}
+
+
+def _view_spec(config: ProjectConfig, v: ViewConfig) -> dict:
+    """A view's definition as the catalog records it. The definitions of the registered aggregates it
+    calls are among its options: changing one recomputes the views that call it, as changing their own
+    text does (a stored state of an inductive aggregate has the old definition's shape)."""
+    options = v.model_dump(mode="json", by_alias=True, exclude={"sql", "datalog"}, exclude_none=True)
+    uses = used_by(config.aggregates, v.definition)
+    if uses:
+        options["aggregates"] = {a: config.aggregates[a].model_dump(mode="json", exclude_none=True) for a in uses}
+    return {"language": v.language, "definition": v.definition, "options": options}
+
+
+def _inductive_type_error(config: ProjectConfig, view: str, e) -> str | None:
+    """A fold whose state changes type (``initial`` an INT, ``iterate`` a DOUBLE), said in the words of
+    the project file rather than Spark's rendering of the lambdas."""
+    params = e.getMessageParameters() or {}
+    if e.getCondition() != "DATATYPE_MISMATCH.UNEXPECTED_INPUT_TYPE" or not params.get("sqlExpr", "").startswith(
+            '"aggregate('):
+        return None
+    names = [n for n in used_by(config.aggregates, config.views[view].definition) if config.aggregates[n].inductive]
+    if not names:
+        return None
+    which = (f"the inductive aggregate {names[0]}" if len(names) == 1
+             else f"one of the inductive aggregates {', '.join(names)}")
+    return (f"views.{view}: {which}: `initial` gives its state the type {params.get('requiredType', '?')}, `iterate` "
+            f"{params.get('inputType', '?')}; write both in one type (CAST)").replace('"', "")
+

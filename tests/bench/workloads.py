@@ -71,11 +71,34 @@ FROM orders o JOIN lineitem l ON l.l_orderkey = o.o_orderkey JOIN supplier s ON 
 #: non-distributive aggregate over one table (001 §5: self-maintainable, the touched groups recomputed
 #: from the stored multiset of their arguments, the table never read). Definitions as the project file
 #: takes them.
+#: (``plain``: the SQL a user without ivm runs for T_plain, where Spark SQL does not know the view's own
+#: aggregate; not part of the project file)
+SUPP_GEO_PLAIN = ("SELECT l_suppkey, exp(avg(ln(l_extendedprice))) AS geo_price, count(*) AS items FROM lineitem "
+                  "GROUP BY l_suppkey")
 CREAM_VIEWS = {
     "cust_dates": {"datalog": "cust_date(C, D) :- orders(O, C, D, P).\n"
                               "cust_dates(C, S) :- setof(D, cust_date(C, D), S)."},
     "supp_median": {"sql": "SELECT l_suppkey, median(l_extendedprice) AS med_price, count(*) AS items "
                            "FROM lineitem GROUP BY l_suppkey"},
+    # a user-defined aggregate per supplier, two ways (#48, item 5): declared inductively with retract (001
+    # §2: kept from its state per group, the GROUP BY's input never stored or read), and the same function
+    # as a Spark SQL expression over the group's values (recomputed for the touched groups from their
+    # stored multisets, as supp_median)
+    "supp_geo": {"sql": "SELECT l_suppkey, geo_mean(l_extendedprice) AS geo_price, count(*) AS items "
+                        "FROM lineitem GROUP BY l_suppkey", "plain": SUPP_GEO_PLAIN},
+    "supp_geo_array": {"sql": "SELECT l_suppkey, geo_mean_array(l_extendedprice) AS geo_price, count(*) AS items "
+                              "FROM lineitem GROUP BY l_suppkey", "plain": SUPP_GEO_PLAIN},
+}
+
+#: the user-defined aggregates the views above call (the project file's ``aggregates``)
+AGGREGATES = {
+    "geo_mean": {"initial": "named_struct('n', 0L, 'logs', 0D)",
+                 "iterate": "named_struct('n', state.n + 1, 'logs', state.logs + ln(x))",
+                 "merge": "named_struct('n', state.n + other.n, 'logs', state.logs + other.logs)",
+                 "final": "CASE WHEN state.n > 0 THEN exp(state.logs / state.n) END",
+                 "retract": "named_struct('n', state.n - 1, 'logs', state.logs - ln(x))"},
+    "geo_mean_array": {"sql": "CASE WHEN size(vals) > 0 "
+                              "THEN exp(aggregate(vals, 0D, (s, v) -> s + ln(v)) / size(vals)) END"},
 }
 
 CLOSURE_TABLES = {"edge": {"columns": {"src": "bigint", "dst": "bigint"}, "key": ["src", "dst"]}}
@@ -89,7 +112,7 @@ def tables_read(view: str) -> list[str]:
             "q5": ["customer", "orders", "lineitem", "supplier", "nation", "region"], "reach": ["edge"],
             "nations": ["customer", "orders", "lineitem", "supplier"],
             "order_nations": ["orders", "lineitem", "supplier"], "cust_dates": ["orders"],
-            "supp_median": ["lineitem"]}[view.split("@")[0]]
+            "supp_median": ["lineitem"], "supp_geo": ["lineitem"], "supp_geo_array": ["lineitem"]}[view.split("@")[0]]
 
 
 def tpch(sf: float, root: Path) -> Path:

@@ -87,12 +87,36 @@ def test_default_catalog_lives_in_the_warehouse(tmp_path):
     ({"tables": {}, "views": {"v": {"sql": "x", "schedule": "daily"}}}, "views.v.schedule: 'daily' is not a cron"),
     ({"tables": {}, "views": {"v": {"sql": "x", "schedule": "@nightly"}}},
      "views.v.schedule: unknown schedule preset '@nightly' (presets: @hourly, @daily"),
+    # inductive aggregates (001 §2): every step, each reading only its own names
+    ({"aggregates": {"g": {"initial": "0", "iterate": "state + x", "final": "state"}}},
+     "aggregates.g: an inductive aggregate needs merge too"),
+    ({"aggregates": {"g": {"initial": "0", "iterate": "state + y", "merge": "state + other", "final": "state"}}},
+     "iterate: reads y; it may read `state` and `x`"),
+    ({"aggregates": {"g": {"initial": "0", "iterate": "state + x", "merge": "state + x", "final": "state"}}},
+     "merge: reads x; it may read `other` and `state`"),
+    ({"aggregates": {"g": {"initial": "x", "iterate": "state + x", "merge": "state + other", "final": "state"}}},
+     "initial: reads x; it may read no column"),
+    ({"aggregates": {"g": {"initial": "0", "iterate": "state +", "merge": "state + other", "final": "state"}}},
+     "iterate: not a Spark SQL expression"),
+    ({"aggregates": {"g": {"sql": "array_max(vals)", "initial": "0"}}},
+     "an aggregate needs exactly one of `sql`, `python` or `initial`/`iterate`/`merge`/`final`"),
+    ({"aggregates": {"g": {"initial": "0", "iterate": "state + x", "merge": "state + other", "final": "state",
+                           "returns": "int"}}}, "returns: only a Python aggregate declares its type"),
 ])
 def test_errors_name_the_field(doc, message):
     with pytest.raises(ConfigError) as e:
         parse(doc)
     assert message in str(e.value)
     assert "\n" not in str(e.value)
+
+
+def test_inductive_aggregates_may_use_lambdas_and_struct_fields():
+    cfg = parse({"aggregates": {"g": {
+        "initial": "named_struct('n', 0L, 'xs', array())",
+        "iterate": "named_struct('n', state.n + 1, 'xs', filter(array_union(state.xs, array(x)), y -> y > 0))",
+        "merge": "named_struct('n', state.n + other.n, 'xs', array_union(state.xs, other.xs))",
+        "final": "size(state.xs)"}}})
+    assert cfg.aggregates["g"].inductive and cfg.aggregates["g"].retract is None
 
 
 def test_view_file_must_exist(tmp_path):

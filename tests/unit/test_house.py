@@ -111,10 +111,10 @@ def test_strategies_and_modes_are_not_compared_as_strings():
     assert found == []
 
 
-@pytest.mark.parametrize("module", ["ivm.modes", "ivm.maintain.strategy", "ivm.maintain.stats", "ivm.refresh.record",
-                                    "ivm.refresh.plan", "ivm.zset", "ivm.lang.allowlist", "ivm.lang.aggregate_filters",
-                                    "ivm.lang.grouped_in", "ivm.lang.scalar_subqueries", "ivm.lang.bag_set_operations",
-                                    "ivm.lang.window_functions",
+@pytest.mark.parametrize("module", ["ivm.modes", "ivm.ir", "ivm.maintain.strategy", "ivm.maintain.stats",
+                                    "ivm.refresh.record", "ivm.refresh.plan", "ivm.zset", "ivm.lang.allowlist",
+                                    "ivm.lang.aggregate_filters", "ivm.lang.grouped_in", "ivm.lang.scalar_subqueries",
+                                    "ivm.lang.bag_set_operations", "ivm.lang.window_functions",
                                     "ivm.validate", "ivm.evolution", "ivm.orchestration.dags",
                                     "ivm.orchestration.stages"])
 def test_docstring_examples(module):

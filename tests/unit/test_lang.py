@@ -7,7 +7,7 @@ import pytest
 
 from ivm.config import parse_project
 from ivm.errors import ConfigError
-from ivm.ir import GroupBy
+from ivm.ir import GroupBy, aggregate_kind
 from ivm.lang import compile_project
 from ivm.maintain.counting import ephemeral
 from ivm.stratify import stratify
@@ -104,6 +104,28 @@ def test_sql_aggregate_is_a_groupby_subgoal():
         "flight(r_flight_id_1, f_miles_1)."]
     assert strata.stratum_of["miles"] == 2
 
+
+
+SUM_STEPS = {"initial": "0L", "iterate": "state + x", "merge": "state + other", "final": "state"}
+
+
+def test_inductive_aggregates_in_sql_groupby_and_over_sets():
+    """An inductive aggregate (001 §2) is the fold of its steps in every place an aggregate is called; with
+    ``retract`` its GROUP BY input is ephemeral (never read by Algorithm 6.1), without it stored."""
+    cfg = parse_project({"tables": TABLES, "aggregates": {"isum": {**SUM_STEPS, "retract": "state - x"},
+                                                         "grow": SUM_STEPS},
+                         "views": {"a": {"sql": "SELECT flight_id, isum(miles) AS s FROM flight GROUP BY flight_id"},
+                                   "b": {"sql": "SELECT flight_id, grow(miles) AS s FROM flight GROUP BY flight_id"},
+                                   "c": {"datalog": "c(S, W) :- groupby(clink(S, D, C), [S], W = isum(C))."},
+                                   "d": {"datalog": "d(S, W) :- setof(C, clink(S, D, C), X), isum(X, W)."}}})
+    prog = compile_project(cfg)
+    fold = "aggregate({}, 0L, (state, x) -> state + x, state -> state)"
+    assert rules_of(prog, "a")[0].endswith(f"isum_1 = {fold.format('array_sort(collect_list(`a_1`))')}).")
+    (g,) = [i for r in prog.rules_for("c") for i in r.body if isinstance(i, GroupBy)]
+    assert g.aggregates[0].inductive.retract == "state - x" and aggregate_kind(g.aggregates[0]) == "inductive"
+    assert "W = AGGREGATE(`X`, CAST(0 AS BIGINT), (state, x) -> state + x, state -> state)." in rules_of(prog, "d")[0]
+    owner = {p: d.owner for p, d in prog.predicates.items() if d.kind == "aux"}
+    assert sorted(owner[p] for p in ephemeral(prog, stratify(prog))) == ["a"]
 
 
 def test_pre_aggregation_rows_are_ephemeral_when_no_aggregate_reads_them():

@@ -24,7 +24,7 @@ from ivm.ir import (
 
 ROLE = "cream"
 #: the kinds of aggregates (ivm.maintain.groupby.kind) whose touched groups are recomputed from the input
-RECOMPUTED = {"recompute", "min", "max"}
+RECOMPUTED = {"recompute", "min", "max", "inductive_insert"}
 
 
 def pure(atom: Atom) -> bool:

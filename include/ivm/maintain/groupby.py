@@ -12,6 +12,9 @@ decomposed into incrementally computable functions"):
     SUM(x), AVG(x)                   n, s = Σ x
     VARIANCE/STDDEV (samp and pop)   n, s = Σ x, q = Σ x²          (as doubles)
     MIN(x), MAX(x)                   n, m (the current extreme)
+    a user's inductive aggregate     st: its state (001 §2; ivm.ir.Inductive): the inserted values'
+                                     state is merged in, and each deleted value retracted; without
+                                     ``retract`` a group a delete touches is recomputed from U
     COUNT/SUM/AVG(DISTINCT x)        n, s over the distinct values, from an auxiliary relation of
                                      counts per (group, x): a value counts while its count is positive
     anything else (percentiles,      nothing: "not incrementally computable" (§6.2), so the touched
@@ -66,6 +69,10 @@ def describe(a: Aggregate) -> str:
         "min": "incremental on insert; the group is recomputed when its current minimum is deleted",
         "max": "incremental on insert; the group is recomputed when its current maximum is deleted",
         "distinct": "from an auxiliary count per (group, value): a value counts while its count is positive",
+        "inductive": "from its stored state (001 §2): the inserted values' state merged in, each deleted value "
+                     "retracted",
+        "inductive_insert": "from its stored state on insert (merged in); a group with a deleted value is "
+                            "recomputed from its stored values (no retract declared)",
         "recompute": "not distributive: recomputed for the touched groups only, from their stored multisets "
                      "(the GROUP BY's input, or CReaM's auxiliary view over a table, 001 §4)",
     }[kind(a)]
@@ -95,7 +102,7 @@ class GroupByState:
     out_types: dict[str, DataType]
 
     #: aggregate kinds whose new value comes from the old state and Δ(U) alone, in every case
-    SELF_MAINTAINABLE = frozenset({"star", "count", "sum", "avg", "variance"})
+    SELF_MAINTAINABLE = frozenset({"star", "count", "sum", "avg", "variance", "inductive"})
 
     @staticmethod
     def self_maintainable(g: GroupBy) -> bool:
@@ -136,16 +143,19 @@ class GroupByState:
         plain = with_windows(expand(rows), self.aggregates)
         # T's values as the full evaluation computes them (Spark's own aggregates over the bag), kept in
         # the state so that a later (T_ȳ, -1) cancels exactly the tuple emitted now; and the DISTINCT
-        # decompositions, over the bag too
-        extra = [F.expr(a.call()).alias(a.var.name) for a in self.aggregates]
+        # decompositions, over the bag too (an inductive aggregate's value is final(state), its state the
+        # fold of the group's sorted values, as the full evaluation's call folds them)
+        extra = [F.expr(a.call()).alias(a.var.name) for a in self.aggregates if not _inductive(a)]
         for a in self.aggregates:
             if kind(a) == "distinct":
                 x = self.arg(a)
                 extra += [F.count_distinct(x).cast("long").alias(f"{a.var.name}__n")]
                 if a.func != "count":
                     extra.append(F.sum_distinct(x).alias(f"{a.var.name}__s"))
-        grouped = plain.groupBy(*[F.col(quote(b)) for b in self.by]).agg(*extra) if self.by else plain.agg(*extra)
-        state = _join_groups(state, grouped, self.by, "left") if self.by else state.crossJoin(grouped)
+        if extra:
+            grouped = plain.groupBy(*[F.col(quote(b)) for b in self.by]).agg(*extra) if self.by else plain.agg(*extra)
+            state = _join_groups(state, grouped, self.by, "left") if self.by else state.crossJoin(grouped)
+        state = state.select("*", *[self._value(a).alias(a.var.name) for a in self.aggregates if _inductive(a)])
         return state.select(*[F.col(quote(b)) for b in self.by], *[F.col(quote(c)) for c in self.columns()],
                             F.lit(1).cast("long").alias(C))
 
@@ -272,6 +282,14 @@ class GroupByState:
             if k in ("min", "max"):
                 cols += [_expr(f"{k}(CASE WHEN {c} > 0 THEN {x} END)", f"{v}__m"),
                          _expr(f"{k}(CASE WHEN {c} < 0 THEN {x} END)", f"{v}__del")]
+            if _inductive(a):  # the inserted values' state; the deleted values (or how many were deleted)
+                values = "array_sort(flatten(collect_list(CASE WHEN {c} {sign} 0 AND {x} IS NOT NULL " \
+                         "THEN array_repeat({x}, CAST({abs}{c} AS INT)) END)))"
+                cols.append(_expr(a.inductive.fold(values.format(c=c, x=x, sign=">", abs=""), final=False),
+                                  f"{v}__st"))
+                cols.append(_expr(values.format(c=c, x=x, sign="<", abs="-"), f"{v}__dels") if k == "inductive" else
+                            _expr(f"CAST(coalesce(sum(CASE WHEN {c} < 0 AND {x} IS NOT NULL THEN -{c} END), 0) "
+                                  "AS BIGINT)", f"{v}__ndel"))
         return rows.groupBy(*[F.col(quote(b)) for b in self.by]).agg(*cols) if self.by else rows.agg(*cols)
 
     def _distinct_names(self, var: str) -> list[str]:
@@ -313,9 +331,14 @@ class GroupByState:
                 cols[f"{v}__n"] = add(f"o__{v}__n", f"p__{v}__dn")
                 if a.func != "count":
                     cols[f"{v}__s"] = add(f"o__{v}__s", f"p__{v}__ds")
-        # sums and counts keep the state's types; extremes and recomputed values keep their own (a cast
-        # of an array read from Parquet to the plan's type would fail on element nullability alone)
-        return [(expr if name.endswith("__m") else expr.cast(types[name])).alias(name)
+            if _inductive(a):  # 001 §2: the old state merged with the inserted values', then each deleted value
+                f = a.inductive  # retracted (without retract the group is recomputed: `_must_recompute`)
+                st = f.merged(f"coalesce({quote(f'o__{v}__st')}, {f.initial})",
+                              f"coalesce({quote(f'p__{v}__st')}, {f.initial})")
+                cols[f"{v}__st"] = F.expr(f.retracted(quote(f"p__{v}__dels"), st) if k == "inductive" else st)
+        # sums and counts keep the state's types; extremes, a user's states and recomputed values keep their
+        # own (a cast of an array or struct read from Parquet to the plan's type would fail on nullability alone)
+        return [(expr if name.endswith(("__m", "__st")) else expr.cast(types[name])).alias(name)
                 for name, expr in cols.items()]
 
     def _must_recompute(self) -> Column:
@@ -330,6 +353,8 @@ class GroupByState:
                 deleted, current = F.col(f"p__{v}__del"), F.col(f"o__{v}__m")
                 beyond = deleted <= current if k == "min" else deleted >= current
                 flags.append(deleted.isNotNull() & (current.isNull() | beyond))
+            elif k == "inductive_insert":  # no retract: a deleted value sends its group back to U
+                flags.append(F.col(f"p__{v}__ndel") > 0)
         return reduce(lambda x, y: x | y, flags) if flags else F.lit(False)
 
     # -- T from the state ----------------------------------------------------------------------------------
@@ -351,6 +376,8 @@ class GroupByState:
             samp = a.func in ("var_samp", "variance", "stddev", "stddev_samp", "std")
             var = F.when(n > 1, m2 / (n - 1)) if samp else F.when(n > 0, m2 / n)
             value = F.sqrt(var) if a.func.startswith("std") else var
+        elif _inductive(a):  # final(state), in the type the fold gives it
+            return F.expr(a.inductive.value(quote(f"{v}__st")))
         else:  # min, max: the extreme itself, in its own type
             return F.col(f"{v}__m")
         return value.cast(self.out_types[v])
@@ -366,7 +393,13 @@ _PARTS: dict[str, Callable[[Aggregate], tuple[str, ...]]] = {
     "star": lambda a: (), "count": lambda a: ("n",), "sum": lambda a: ("n", "s"), "avg": lambda a: ("n", "s"),
     "variance": lambda a: ("n", "s", "q"), "min": lambda a: ("n", "m"), "max": lambda a: ("n", "m"),
     "distinct": lambda a: ("n",) if a.func == "count" else ("n", "s"), "recompute": lambda a: (),
+    "inductive": lambda a: ("st",), "inductive_insert": lambda a: ("st",),
 }
+
+
+def _inductive(a: Aggregate) -> bool:
+    """A user's inductive aggregate kept from its state (not one recomputed under DISTINCT)."""
+    return kind(a) in ("inductive", "inductive_insert")
 
 
 def _join_groups(left: DataFrame, right: DataFrame, by: list[str], how: str) -> DataFrame:

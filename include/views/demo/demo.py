@@ -57,6 +57,10 @@ def main() -> int:
 
     say("\n== ivm explain miles_per_passenger")
     say("   " + project.explain("miles_per_passenger").to_text().replace("\n", "\n   "))
+    say("\n== ivm explain route_geo_miles (a user's inductive aggregate, 001 §2; up to the key-based analysis)")
+    text = project.explain("route_geo_miles").to_text()
+    say("   " + text[:text.index("key-based analysis")].rstrip().replace("\n", "\n   "))
+
     say("\n== ivm explain page_visitors (up to the key-based analysis)")
     text = project.explain("page_visitors").to_text()
     say("   " + text[:text.index("key-based analysis")].rstrip().replace("\n", "\n   "))
@@ -84,8 +88,8 @@ def main() -> int:
             say(f"\n   Δ {work.view}:")
             rows = [tuple(r) for r in delta.orderBy(*delta.columns).limit(50).collect()]
             say(tabulate(rows, headers=delta.columns, tablefmt="psql", missingval="NULL"))
-    for name in ("res", "seats_per_flight", "route_stats", "busy_flights", "unbooked_flights", "only_tri_hop",
-                 "page_counts", "page_visitors", "reach", "minor_companions", "nights_per_city"):
+    for name in ("res", "seats_per_flight", "route_stats", "route_geo_miles", "busy_flights", "unbooked_flights",
+                 "only_tri_hop", "page_counts", "page_visitors", "reach", "minor_companions", "nights_per_city"):
         say(f"\n   {name} now:")
         show(project, name)
 
