@@ -139,6 +139,19 @@ ABOVE_FULL = {"low": {"sql": "SELECT b, count(*) AS n, sum(a) AS s FROM r GROUP 
               "sizes": {"sql": "SELECT DISTINCT n FROM low"}}
 
 
+def assert_as_duckdb(p: Project, tables: dict[str, dict[str, str]], state: dict[str, list[tuple]], views: dict) -> None:
+    """Every view as DuckDB runs its SQL over the same rows of the tables."""
+    con = duckdb.connect()
+    for t, columns in tables.items():
+        con.execute(f"CREATE TABLE {t} ({', '.join(f'{c} {y}' for c, y in columns.items())})")
+        if state[t]:
+            con.executemany(f"INSERT INTO {t} VALUES ({', '.join('?' for _ in columns)})", state[t])
+    for view, spec in views.items():
+        con.execute(f"CREATE VIEW {view} AS {spec['sql']}")
+        assert rows(tuple(r) for r in p.read(view).collect()) == rows(
+            con.execute(f"SELECT * FROM {view}").fetchall()), view
+
+
 @pytest.mark.e2e
 @STREAMS
 @given(data=st.data())
@@ -162,14 +175,50 @@ def test_views_above_a_recomputed_view_follow_change_streams(make_project, tmp_p
         modes = {v.view: v.mode for v in p.refresh().views}
         assert modes.get("low") in (None, "full") and "full" not in {modes.get(v) for v in ABOVE_FULL if v != "low"}
         assert_views_recomputed(p)
-        con = duckdb.connect()
-        con.execute("CREATE TABLE r (a INTEGER, b VARCHAR)")
-        if state["r"]:
-            con.executemany("INSERT INTO r VALUES (?, ?)", state["r"])
-        for view, spec in ABOVE_FULL.items():
-            con.execute(f"CREATE VIEW {view} AS {spec['sql']}")
-            assert rows(tuple(r) for r in p.read(view).collect()) == rows(
-                con.execute(f"SELECT * FROM {view}").fetchall()), view
+        assert_as_duckdb(p, {"r": {"a": "int", "b": "string"}}, state, ABOVE_FULL)
+
+
+BEHIND = {"r_only": {"sql": "SELECT b, count(*) AS n, sum(a) AS total FROM r GROUP BY b"},
+          "rs": {"sql": "SELECT r.a, r.b, s.c FROM r JOIN s ON r.b = s.b"},
+          "rs_max": {"sql": "SELECT b, max(c) AS m, min(a) AS lo, count(*) AS n FROM rs GROUP BY b"},
+          "r_set": {"sql": "SELECT DISTINCT b FROM r WHERE a IS NOT NULL"}}
+
+
+@pytest.mark.e2e
+@STREAMS
+@given(data=st.data())
+def test_views_left_behind_catch_up_from_their_pointers(make_project, tmp_path_factory, data):
+    """#48, per-view pointers, differentially: each batch is refreshed either for ``r_only`` alone (its
+    run trims r, passing the other views by) or for every view; the views left behind (a join, a MIN/MAX
+    aggregate over it, a set) catch up incrementally from their own pointers, over hypothesis change
+    streams of r and s (inserts, deletes, updates, NULLs, duplicates, deletes of the current MIN/MAX,
+    emptied groups), and after each run of every view each equals its full recomputation and DuckDB."""
+    drawn_stream(data)
+    root = tmp_path_factory.mktemp("behind")
+    tables = {"r": {"columns": {"a": "int", "b": "string"}}, "s": {"columns": {"b": "string", "c": "int"}}}
+    cols = {"r": ["a", "b"], "s": ["b", "c"]}
+    p = make_project(tables, root=root / "p", views=BEHIND)
+    state = {t: data.draw(st.lists(ROWS[t], max_size=8), f"initial {t}") for t in tables}
+    for t in tables:
+        p.load(t, write_jsonl(root / f"{t}-0.jsonl", cols[t], state[t]))
+    p.refresh()
+    passed_by = False  # a run of r_only alone applied changes of r: the other views fell behind
+    for n in range(1, 6):
+        changes = data.draw(batch(state), f"batch {n}")
+        apply_batch(state, changes)
+        for t, items in changes.items():
+            if items:
+                p.append(t, write_jsonl(root / f"{t}-{n}.jsonl", cols[t], [r for _, r in items], [k for k, _ in items]))
+        if n == 1 or (n < 5 and data.draw(st.booleans(), f"batch {n}: r_only alone")):
+            passed_by |= bool(p.refresh(["r_only"]).tables)
+            continue
+        works = p.refresh().views
+        assert "full" not in {w.mode for w in works}, [(w.view, w.reason) for w in works]
+        behind = {w.view for w in works if "catches up from its own pointer" in w.reason}
+        assert behind == ({"rs", "rs_max", "r_set"} if passed_by else set()), [(w.view, w.reason) for w in works]
+        passed_by = False
+        assert_views_recomputed(p)
+        assert_as_duckdb(p, {t: spec["columns"] for t, spec in tables.items()}, state, BEHIND)
 
 
 def test_a_maintenance_task_killed_midway_and_retried(setup, monkeypatch):
@@ -226,16 +275,32 @@ def test_a_run_re_run_after_a_failed_publish(setup, monkeypatch):
     assert zset(p, "t") == Counter({("a", 1): 1, ("a", 2): 1, ("a", 5): 1, ("b", 3): 2})
 
 
-def test_refreshing_some_views_keeps_the_others_correct(setup):
-    """A refresh of per_k trims only t; joined, which also reads t, recomputes on its next refresh
-    (t's delta was applied without it) and ends equal to the full recomputation."""
+def test_refreshing_some_views_keeps_the_others_correct(setup, tmp_path):
+    """A refresh of per_k trims only t; joined, which also reads t, and big, which reads per_k, catch up
+    on their next refresh from their own pointers (#48, item 1: the states the run before published, and
+    t's and per_k's changes since), incrementally, and end equal to the full recomputation; twice over,
+    the second time with per_k compacted in between (its changes since are then its new state minus the
+    old one). Once `ivm gc` has dropped the state at a view's pointer, the view is recomputed and the
+    run says why."""
     p, _ = setup
-    result = p.refresh(["per_k"])
-    assert [t.table for t in result.tables] == ["t"] and [v.view for v in result.views] == ["per_k"]
-    result = p.refresh()
-    modes = {v.view: (v.mode, v.reason) for v in result.views}
-    assert modes["joined"][0] == "full" and "commit versions 1..1 of t were applied by a run" in modes["joined"][1]
-    assert modes["big"][0] == "full"
+    for n, compact in enumerate([False, True]):
+        result = p.refresh(["per_k"])
+        assert [t.table for t in result.tables] == ["t"] and [v.view for v in result.views] == ["per_k"]
+        if compact:
+            p.compact(["per_k", "t"], force=True)
+        result = p.refresh()
+        modes = {v.view: (v.mode, v.reason) for v in result.views}
+        assert modes["joined"][0] == modes["big"][0] == "incremental", modes
+        assert "catches up from its own pointer, the state run " in modes["joined"][1]
+        assert f"t {n + 1}..{n + 1} applied since without it" in modes["joined"][1], modes
+        assert_views_recomputed(p)
+        p.append("t", lines(tmp_path / f"more-{n}.jsonl", [("a", 7 + n), ("b", 8)], "insert", cols=("k", "v")))
+        p.append("u", lines(tmp_path / f"more-u-{n}.jsonl", [("a", 30 + n)], "insert", cols=("k", "w")))
+    p.refresh(["per_k"])
+    gc.collect(p, now=datetime.now(UTC) + timedelta(days=365))
+    modes = {v.view: (v.mode, v.reason) for v in p.refresh().views}
+    assert modes["joined"][0] == "full" and "were applied by a run that did not refresh this view, and the state of " \
+        in modes["joined"][1] and "was garbage-collected (storage.retention_hours)" in modes["joined"][1], modes
     assert_views_recomputed(p)
 
 

@@ -35,7 +35,9 @@ def test_a_view_with_nothing_against_it_is_maintained():
     ({"definition_changed": ""}, "the definition changed"),
     ({"definition_changed": " after run r1"}, "the definition changed after run r1"),
     ({"missing": ["v__agg0_1"]}, "v__agg0_1 is not materialized yet"),
-    ({"missed": [("t", 3, 5)]}, "commit versions 3..5 of t were applied by a run that did not refresh this view"),
+    ({"missed": [("t", 3, 5)], "lost": "its state there was garbage-collected"},
+     "commit versions 3..5 of t were applied by a run that did not refresh this view, and its state there was "
+     "garbage-collected"),
     ({"form_switch": "keyed stores the view as presence, its state holds counts"},
      "keyed stores the view as presence, its state holds counts"),
     ({"crossover": Estimate(10, 9.0, 1.0, 3, True, "the recompute is cheaper")}, "auto: the recompute is cheaper"),

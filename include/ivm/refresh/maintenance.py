@@ -5,6 +5,7 @@ as the plan decided (ivm.refresh.plan). Each view's new layers are staged in the
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 
@@ -116,9 +117,47 @@ class Maintenance:
             self.states.note(view, path, size, rows)
             self.counting.note_delta(view, self.states.delta(view))
 
+    def behind(self, work: ViewWork) -> tuple[RunStates, Counting, CountFree]:
+        """For a view that catches up from its own pointer (#48, item 1; `ivm.refresh.plan.catch_up`):
+        the run's states, but each relation the view reads that moved since at its state there (the
+        layers the catch-up names) with its changes since as its delta — its layers published after those
+        and this run's delta, consolidated into one layer (or, when it was compacted or recomputed since,
+        its new state minus that one). The counting algorithm over them maintains the view as it
+        maintains one that never fell behind: 000 Algorithm 4.1 needs the states the view was computed
+        from and their changes, whichever run applied them."""
+        ctx, main = self.ctx, self.states
+        program, strata = ctx.program
+        assert work.catch_up is not None
+        states = dataclasses.replace(main, old_paths=dict(main.old_paths), old_rows=dict(main.old_rows),
+                                     delta_paths=dict(main.delta_paths), delta_bytes=dict(main.delta_bytes),
+                                     delta_rows=dict(main.delta_rows), replaced=dict(main.replaced))
+        for r, refs in work.catch_up.layers.items():
+            at = {x["id"]: x for x in refs}
+            published = self.old.get(r, [])
+            since = [x.path for x in published if x.id not in at]
+            if r in main.replaced or not set(at) <= {x.id for x in published}:
+                change = main.new(r).unionByName(negate(main.read(r, [x["path"] for x in refs])))
+            else:
+                change = main.read(r, since + ([main.delta_paths[r]] if r in main.delta_paths else []))
+            path, rows, size = main.scratch.put(f"{r}__since_{work.view}", consolidate(change))
+            states.old_paths[r] = [x["path"] for x in refs]
+            states.old_rows[r] = None if any(x.get("rows") is None for x in refs) else sum(x["rows"] for x in refs)
+            states.replaced.pop(r, None)
+            for held in (states.delta_paths, states.delta_bytes, states.delta_rows):
+                held.pop(r, None)
+            if rows:
+                states.note(r, path, size, rows)
+        counting = Counting(program, strata, states, ctx.groupby_states, ctx.schema, ctx.max_iterations)
+        counting.updated_keys = {t: n for t, n in self.counting.updated_keys.items() if t not in work.catch_up.layers}
+        for name in sorted(set(states.delta_paths) & strata.upstream(work.view)):
+            counting.note_delta(name, states.delta(name))
+        return states, counting, CountFree(program, strata, counting)
+
     def maintain(self, work: ViewWork, progress: Progress) -> None:
         """One view: the counting algorithm (DRed inside it for recursive components) or a full recompute."""
-        ctx, states, counting, full = self.ctx, self.states, self.counting, self.full
+        ctx, full = self.ctx, self.full
+        states, counting, count_free = ((self.states, self.counting, self.count_free) if work.catch_up is None
+                                        else self.behind(work))
         program, strata = ctx.program
         started = time.perf_counter()
         self.written.clear()
@@ -131,7 +170,7 @@ class Maintenance:
             return
         strategy = lookup(work.strategy)
         if work.mode is Mode.INCREMENTAL and strategy.count_free:
-            outcome = self.count_free.maintain(work.view, strategy, ctx.config.views[work.view], work.upstream)
+            outcome = count_free.maintain(work.view, strategy, ctx.config.views[work.view], work.upstream)
             delta = states.put_delta(work.view, outcome.delta) if outcome.delta is not None else None
             if delta is not None:  # a set change already: the views above use it as it is
                 counting.used_delta[work.view] = delta
@@ -170,6 +209,8 @@ class Maintenance:
             how = f"full recompute ({work.reason}), {work.rows} rows"
             self.difference(work.view)
         work.layers = {r: self.written[r] for r in ctx.stored_relations(work.view) if r in self.written}
+        if work.catch_up is not None:  # the views above read its delta from the run's own states
+            self.absorb(work)
         work.seconds = time.perf_counter() - started
         progress(f"maintain: {work.view} (stratum {work.stratum}): {how} ({work.seconds:.2f} s)")
 

@@ -24,7 +24,7 @@ from ivm.maintain.crossover import estimate as crossover_estimate
 from ivm.maintain.dred import RuleChange, rule_change
 from ivm.maintain.strategy import COUNTING, lookup, stored_form
 from ivm.modes import Mode
-from ivm.refresh.record import Plan, Replay, TableDelta, ViewWork, layer_json
+from ivm.refresh.record import CatchUp, Plan, Replay, TableDelta, ViewWork, layer_json
 from ivm.storage import new_id
 
 
@@ -42,8 +42,10 @@ class ViewFacts:
     definition_changed: str | None = None
     #: stored relations of the view not materialized yet
     missing: list[str] = field(default_factory=list)
-    #: (table, first, last) commit versions of a table an earlier run applied without this view
+    #: (table, first, last) commit versions of a table an earlier run applied without this view, when
+    #: the view cannot catch up from its own pointer (`catch_up`), and why not
     missed: list[tuple[str, int, int]] = field(default_factory=list)
+    lost: str = ""
     #: the chosen strategy's stored form differs from the state's: why, in words
     form_switch: str | None = None
     #: the crossover's estimate (None: not asked: not auto, no changed input, or disabled)
@@ -76,10 +78,10 @@ RULES: tuple[RecomputeRule, ...] = (
     DEFINITION_CHANGED,
     RecomputeRule("missing", "a relation it stores is not materialized yet",
                   lambda f: f"{f.missing[0]} is not materialized yet" if f.missing else None),
-    RecomputeRule("missed", "a run that did not refresh it applied changes of a table it reads (those deltas "
-                            "are gone)",
+    RecomputeRule("missed", "a run that did not refresh it applied changes of a table it reads, and its state at "
+                            "its own pointer into that log is gone (otherwise it catches up from there)",
                   lambda f: None if not f.missed else f"commit versions {f.missed[0][1]}..{f.missed[0][2]} of "
-                  f"{f.missed[0][0]} were applied by a run that did not refresh this view"),
+                  f"{f.missed[0][0]} were applied by a run that did not refresh this view, and {f.lost}"),
     RecomputeRule("form", "the chosen strategy stores the view in another form than its state holds",
                   lambda f: f.form_switch),
     RecomputeRule("crossover", "under --mode auto, the view's measured costs say a recompute is cheaper (crossover)",
@@ -189,15 +191,18 @@ def _plan_views(ctx: RunContext, p: Plan, wanted: list[str] | None, mode: Mode,
             estimate = crossover_estimate(ctx.catalog.maintain_history(view, Mode.INCREMENTAL, cfg.crossover.history),
                                           fulls[0][1] if fulls else None, int(sum(change_rows[t] for t in inputs)),
                                           cfg.crossover)
+        # a table whose changes an earlier run applied without refreshing this view (a refresh of other
+        # views, another schedule group): the view catches up from its own pointer (#48, item 1), or is
+        # recomputed when its state there is gone
+        missed = [(t, watermarks.get((view, t), 0) + 1, watermarks[(t, t)]) for t in upstream
+                  if watermarks.get((view, t), 0) < watermarks.get((t, t), 0)]
+        behind = catch_up(ctx, view) if missed and state.version_id is not None else None
         facts = ViewFacts(
             view, mode, cfg.mode, materialized=state.version_id is not None,
             definition_changed="" if d is not None and state.created_at is not None
             and aware(d.updated_at) > state.created_at else None,
             missing=[r for r in ctx.stored_relations(view) if ctx.catalog.state(r).version_id is None],
-            # a table whose changes an earlier run applied without refreshing this view (a refresh of
-            # other views, another schedule group): those deltas are gone, so the view is recomputed
-            missed=[(t, watermarks.get((view, t), 0) + 1, watermarks[(t, t)]) for t in upstream
-                    if watermarks.get((view, t), 0) < watermarks.get((t, t), 0)],
+            missed=missed if not isinstance(behind, CatchUp) else [], lost=behind if isinstance(behind, str) else "",
             form_switch=None if form == state.form else
             f"{choice.strategy} stores the view as {form}, its state holds {state.form} ({choice.reason})",
             crossover=estimate)
@@ -217,8 +222,11 @@ def _plan_views(ctx: RunContext, p: Plan, wanted: list[str] | None, mode: Mode,
                                   "use --mode auto or full")
             full.add(view)
             work.append(ViewWork(view, strata.stratum_of[view], Mode.FULL, reason, upstream, inputs))
-        elif inputs or (followed | full) & strata.upstream(view):
+        elif inputs or (followed | full) & strata.upstream(view) or isinstance(behind, CatchUp):
             why = [f"inputs changed: {', '.join(inputs)}"] if inputs else []
+            if isinstance(behind, CatchUp):
+                why.insert(0, "catches up from its own pointer, the state run " + behind.run_id + " published ("
+                           + ", ".join(f"{t} {a}..{b}" for t, a, b in missed) + " applied since without it)")
             why += [f"reads {v}, maintained across its changed definition"
                     for v in sorted(followed & strata.upstream(view))]
             # no cascade (#48): a view recomputed below passes up the difference of its new and old states
@@ -232,9 +240,44 @@ def _plan_views(ctx: RunContext, p: Plan, wanted: list[str] | None, mode: Mode,
         else:
             continue
         work[-1].strategy, work[-1].choice = choice.strategy, choice.as_dict()
+        if isinstance(behind, CatchUp) and work[-1].mode is Mode.INCREMENTAL and not work[-1].rule_change:
+            work[-1].catch_up = behind
         if estimate is not None and (found is None or found[0].name == "crossover"):  # (the rules reached it)
             work[-1].choice["crossover"] = estimate.as_dict()
     return work
+
+
+def catch_up(ctx: RunContext, view: str) -> CatchUp | str:
+    """Where a view that fell behind catches up from (#48, item 1; 002 keeps a log pointer per view):
+    the published run that left the view in its current state — its snapshot is the view's pointer into
+    every log it reads — with the layers, in that run's state, of each relation the view reads that moved
+    since. The refresh then maintains the view from those states by each relation's changes since (its
+    layers published after them, and this run's delta), as a view that never fell behind is maintained
+    from its last state. Or, in words, why it cannot: that state is no longer kept (``ivm gc``'s
+    retention), or it reads a Delta source (whose versions are its table's)."""
+    catalog = ctx.catalog
+    program, strata = ctx.program
+    own = set(ctx.stored_relations(view)) | {p for p in program.predicates if program.owner(p) == view}
+    reads = sorted(u for u in strata.upstream(view) - own if program.predicates[u].kind in ("base", "view"))
+    sources = [t for t in reads if t in ctx.config.tables and ctx.source_location(t) is not None]
+    if sources:
+        return f"it reads the Delta source {sources[0]}, whose earlier states ivm does not keep"
+    stored = ctx.stored_relations(view)
+    current = {r: catalog.state(r).version_id for r in [*reads, *stored]}
+    found = next(((run, versions) for run, versions in catalog.restore_points()
+                  if all(versions.get(r) == current[r] for r in stored) and all(r in versions for r in reads)), None)
+    if found is None:
+        return "no published run recorded its state with those of the relations it reads"
+    run, versions = found
+    layers = {}
+    for r in reads:
+        if versions[r] == current[r]:
+            continue  # not moved since: its published state is the view's pointer
+        state = catalog.version_state(r, versions[r])
+        if state is None:
+            return f"the state of {r} at its pointer (run {run.id}) was garbage-collected (storage.retention_hours)"
+        layers[r] = [layer_json(x, r) for x in state.layers]
+    return CatchUp(run.id, {t: int(n) for t, n in run.snapshot.items()}, layers)
 
 
 def plan_replay(ctx: RunContext, wanted: list[str], from_version: int, run_id: str | None = None) -> Plan:

@@ -107,18 +107,24 @@ class ViewWork:
     #: model's candidates
     strategy: str = "counting"
     choice: dict | None = None
+    #: a view that catches up from its own pointer into the logs (#48, item 1: changes an earlier run
+    #: applied without it): the run that published its state, and the layers, in that run's published
+    #: state, of each relation it reads that moved since (ivm.refresh.plan.catch_up)
+    catch_up: CatchUp | None = None
 
     def to_json(self) -> dict[str, Any]:
         """As the plan records it (a rule change as whether there is one: the load compares it anew)."""
         return {"view": self.view, "stratum": self.stratum, "mode": self.mode, "reason": self.reason,
                 "upstream": self.upstream, "changed_inputs": self.changed_inputs,
-                "rule_change": self.rule_change is not None, "strategy": self.strategy, "choice": self.choice}
+                "rule_change": self.rule_change is not None, "strategy": self.strategy, "choice": self.choice,
+                "catch_up": self.catch_up.to_json() if self.catch_up else None}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> ViewWork:
         mode = Mode(d["mode"])
         return cls(d["view"], d["stratum"], mode, d["reason"], d["upstream"], d["changed_inputs"],
-                   planned=(mode, d["reason"]), strategy=d.get("strategy", "counting"), choice=d.get("choice"))
+                   planned=(mode, d["reason"]), strategy=d.get("strategy", "counting"), choice=d.get("choice"),
+                   catch_up=CatchUp(**d["catch_up"]) if d.get("catch_up") else None)
 
     def maintain_record(self) -> StageRecord:
         """What the maintain stage records of the view."""
@@ -137,6 +143,20 @@ class ViewWork:
         self.detail = dict(r.detail.get("algorithm", {}))
         self.layers = {name: layer_from_json(x) for name, x in r.detail.get("layers", {}).items()}
         self.maintained = True
+
+
+@dataclass
+class CatchUp:
+    """Where a view that fell behind catches up from (`ViewWork.catch_up`)."""
+
+    #: the run that published the view's state, and its snapshot (the view's pointers into the logs)
+    run_id: str
+    snapshot: dict[str, int]
+    #: relation the view reads -> its layers in that run's state (json, as `layer_json`)
+    layers: dict[str, list[dict]]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "snapshot": self.snapshot, "layers": self.layers}
 
 
 @dataclass
