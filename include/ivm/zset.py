@@ -58,6 +58,11 @@ def consolidate(df: DataFrame, columns: Sequence[str] | None = None) -> DataFram
 BROADCAST_BYTES = 64 * 2**20
 
 
+def difference(after: DataFrame, before: DataFrame) -> DataFrame:
+    """The change from ``before`` to ``after`` (000 §3: Pᵛ = P ⊎ Δ(P), so Δ(P) = Pᵛ ⊎ −P), consolidated."""
+    return consolidate(after.unionByName(negate(before)))
+
+
 def consolidate_onto(base: DataFrame, delta: DataFrame, columns: Sequence[str]) -> DataFrame:
     """consolidate(base ⊎ delta) for a consolidated ``base`` and a ``delta`` small enough to broadcast:
     only the tuples of ``base`` whose ``columns`` occur in ``delta`` are grouped with it, the others

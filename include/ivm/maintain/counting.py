@@ -59,6 +59,7 @@ from ivm.zset import (
     BROADCAST_BYTES,
     anti_join,
     consolidate,
+    difference,
     negate,
     one_partition,
     quote,
@@ -475,7 +476,7 @@ class Counting:
                 .distinct() if group else None
             before = self.ev.setof(s, self.source(s.atom, OLD, touched, group))
             after = self.ev.setof(s, self.source(s.atom, NEW, touched, group))
-            return consolidate(after.unionByName(negate(before)))
+            return difference(after, before)
         # CReaM Step 4 (001 Figure 1): Δ1–Δ6 over v_a and φ's set changes φ⁺/φ⁻
         changes = self.ev.atom(s.atom, self.used_delta[s.atom.pred])
         rule = self.program.rules_for(pred)[r] if isinstance(r, int) else None

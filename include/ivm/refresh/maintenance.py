@@ -22,10 +22,10 @@ from ivm.maintain.states import RunStates
 from ivm.maintain.strategy import lookup
 from ivm.modes import Mode
 from ivm.refresh.plan import load_plan, old_layer_refs
-from ivm.refresh.record import Plan, ViewWork
+from ivm.refresh.record import CatchUp, Plan, ViewWork
 from ivm.spark import adaptive
 from ivm.storage import Scratch, WrittenLayer
-from ivm.zset import consolidate, negate
+from ivm.zset import consolidate, difference
 
 Progress = Callable[[str], None]
 
@@ -111,13 +111,13 @@ class Maintenance:
         if not any(w.mode is Mode.INCREMENTAL and not w.maintained and view in strata.upstream(w.view)
                    for w in self.plan.views):
             return
-        change = consolidate(self.states.new(view).unionByName(negate(self.states.old(view))))
+        change = difference(self.states.new(view), self.states.old(view))
         path, rows, size = self.states.scratch.put(f"{view}__difference", change)
         if rows:
             self.states.note(view, path, size, rows)
             self.counting.note_delta(view, self.states.delta(view))
 
-    def behind(self, work: ViewWork) -> tuple[RunStates, Counting, CountFree]:
+    def behind(self, view: str, catch_up: CatchUp) -> tuple[RunStates, Counting, CountFree]:
         """For a view that catches up from its own pointer (#48, item 1; `ivm.refresh.plan.catch_up`):
         the run's states, but each relation the view reads that moved since at its state there (the
         layers the catch-up names) with its changes since as its delta — its layers published after those
@@ -127,19 +127,18 @@ class Maintenance:
         from and their changes, whichever run applied them."""
         ctx, main = self.ctx, self.states
         program, strata = ctx.program
-        assert work.catch_up is not None
         states = dataclasses.replace(main, old_paths=dict(main.old_paths), old_rows=dict(main.old_rows),
                                      delta_paths=dict(main.delta_paths), delta_bytes=dict(main.delta_bytes),
                                      delta_rows=dict(main.delta_rows), replaced=dict(main.replaced))
-        for r, refs in work.catch_up.layers.items():
+        for r, refs in catch_up.layers.items():
             at = {x["id"]: x for x in refs}
             published = self.old.get(r, [])
             since = [x.path for x in published if x.id not in at]
             if r in main.replaced or not set(at) <= {x.id for x in published}:
-                change = main.new(r).unionByName(negate(main.read(r, [x["path"] for x in refs])))
+                change = difference(main.new(r), main.read(r, [x["path"] for x in refs]))
             else:
-                change = main.read(r, since + ([main.delta_paths[r]] if r in main.delta_paths else []))
-            path, rows, size = main.scratch.put(f"{r}__since_{work.view}", consolidate(change))
+                change = consolidate(main.read(r, since + ([main.delta_paths[r]] if r in main.delta_paths else [])))
+            path, rows, size = main.scratch.put(f"{r}__since_{view}", change)
             states.old_paths[r] = [x["path"] for x in refs]
             states.old_rows[r] = None if any(x.get("rows") is None for x in refs) else sum(x["rows"] for x in refs)
             states.replaced.pop(r, None)
@@ -148,8 +147,8 @@ class Maintenance:
             if rows:
                 states.note(r, path, size, rows)
         counting = Counting(program, strata, states, ctx.groupby_states, ctx.schema, ctx.max_iterations)
-        counting.updated_keys = {t: n for t, n in self.counting.updated_keys.items() if t not in work.catch_up.layers}
-        for name in sorted(set(states.delta_paths) & strata.upstream(work.view)):
+        counting.updated_keys = {t: n for t, n in self.counting.updated_keys.items() if t not in catch_up.layers}
+        for name in sorted(set(states.delta_paths) & strata.upstream(view)):
             counting.note_delta(name, states.delta(name))
         return states, counting, CountFree(program, strata, counting)
 
@@ -157,7 +156,7 @@ class Maintenance:
         """One view: the counting algorithm (DRed inside it for recursive components) or a full recompute."""
         ctx, full = self.ctx, self.full
         states, counting, count_free = ((self.states, self.counting, self.count_free) if work.catch_up is None
-                                        else self.behind(work))
+                                        else self.behind(work.view, work.catch_up))
         program, strata = ctx.program
         started = time.perf_counter()
         self.written.clear()
