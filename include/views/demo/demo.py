@@ -107,6 +107,13 @@ def main() -> int:
     say("\n== a refresh with nothing new launches no Spark job")
     result = project.refresh(progress=lambda line: say(f"   {line}"))
 
+    say("\n== per-view pointers (002): a refresh of seats_per_flight alone applies a new reservation; the other")
+    say("   views that read res catch up from their own pointers into the log on the next refresh")
+    say(f"   {project.append('res', str(DATA / 'res_changes_2.jsonl')).describe()}")
+    project.refresh(["seats_per_flight"])
+    for work in project.refresh().views:
+        say(f"   {work.view}: {work.mode}: {work.reason}")
+
     say("\n== ivm validate: every view against a recomputation of a sample of its keys (Great Expectations)")
     checks = project.validate(progress=lambda line: say(f"   {line}"))
     say(f"   {sum(c.status == 'passed' for c in checks)} of {len(checks)} views passed; Data Docs: "
