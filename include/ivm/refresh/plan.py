@@ -208,7 +208,10 @@ def _plan_views(ctx: RunContext, p: Plan, wanted: list[str] | None, mode: Mode,
             crossover=estimate)
         found = recompute_reason(facts)
         recursive = COUNTING.describe(program, strata, view, cfg).startswith("DRed")
-        change = _rule_change(ctx, view, d) if found and found[0] is DEFINITION_CHANGED and recursive else None
+        # (DRed follows a rule change from the view's published state only: one that also fell behind is
+        # recomputed, as the definition changed)
+        change = (_rule_change(ctx, view, d) if found and found[0] is DEFINITION_CHANGED and recursive and not missed
+                  else None)
         if isinstance(change, RuleChange):
             followed.add(view)
             work.append(ViewWork(view, strata.stratum_of[view], Mode.INCREMENTAL,
@@ -240,7 +243,7 @@ def _plan_views(ctx: RunContext, p: Plan, wanted: list[str] | None, mode: Mode,
         else:
             continue
         work[-1].strategy, work[-1].choice = choice.strategy, choice.as_dict()
-        if isinstance(behind, CatchUp) and work[-1].mode is Mode.INCREMENTAL and not work[-1].rule_change:
+        if isinstance(behind, CatchUp) and work[-1].mode is Mode.INCREMENTAL:
             work[-1].catch_up = behind
         if estimate is not None and (found is None or found[0].name == "crossover"):  # (the rules reached it)
             work[-1].choice["crossover"] = estimate.as_dict()
