@@ -37,6 +37,25 @@ def test_migrations_create_every_table_and_are_idempotent(catalog_url):
     c.dispose()
 
 
+def test_the_fast_path_knows_the_newest_migration(catalog_url, monkeypatch):
+    """An open of a catalog at HEAD_REVISION skips Alembic; HEAD_REVISION is Alembic's own head, so a new
+    migration cannot be skipped; a catalog at another revision goes through Alembic (here: a no-op)."""
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
+    from ivm.catalog import store
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(store.MIGRATIONS))
+    assert ScriptDirectory.from_config(cfg).get_current_head() == store.HEAD_REVISION
+    c = Catalog.open(catalog_url)
+    with c.engine.begin() as conn:
+        assert Catalog._revision(conn) == store.HEAD_REVISION
+    monkeypatch.setattr(store, "HEAD_REVISION", "9999")  # as if a newer ivm brought a migration: Alembic runs
+    Catalog.open(catalog_url).dispose()
+    c.dispose()
+
+
 def test_definitions_report_what_changed(catalog):
     assert catalog.save_definitions({"t": TABLE}, {}) == []
     assert catalog.save_definitions({"t": {**TABLE, "unique_keys": [["a"]]}},
