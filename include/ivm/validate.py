@@ -46,12 +46,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import sqlglot
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DoubleType, FloatType, StructType
-from sqlglot import exp
 
+from ivm.aggregates import used_by
 from ivm.config import COUNT_COLUMN
 from ivm.errors import IvmError, one_line
 from ivm.expectations import EXPECTED, STAGED
@@ -517,9 +516,7 @@ class SqlText:
         missing = [r for r in read if r in config.tables and r not in self.tables]
         if missing:
             return f"the state of {missing[0]} is not at hand"
-        udas = sorted(set(config.aggregates) & {f.name.lower() for r in [view, *read] if r in config.views
-                                                for f in sqlglot.parse_one(config.views[r].sql, read="spark")
-                                                .find_all(exp.Anonymous)})
+        udas = [a for r in [view, *read] if r in config.views for a in used_by(config.aggregates, config.views[r].sql)]
         if udas:  # (asked first: Spark's analysis error would be logged whole before it is caught)
             return f"it calls the user-defined aggregate {udas[0]}, which Spark SQL does not know"
         schema = self.ctx.schema(view)

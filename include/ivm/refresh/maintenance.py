@@ -131,15 +131,15 @@ class Maintenance:
                                      delta_paths=dict(main.delta_paths), delta_bytes=dict(main.delta_bytes),
                                      delta_rows=dict(main.delta_rows), replaced=dict(main.replaced))
         for r, refs in catch_up.layers.items():
-            at = {x["id"]: x for x in refs}
+            at, paths = {x["id"] for x in refs}, [x["path"] for x in refs]
             published = self.old.get(r, [])
             since = [x.path for x in published if x.id not in at]
-            if r in main.replaced or not set(at) <= {x.id for x in published}:
-                change = difference(main.new(r), main.read(r, [x["path"] for x in refs]))
+            if r in main.replaced or not at <= {x.id for x in published}:
+                change = difference(main.new(r), main.read(r, paths))
             else:
                 change = consolidate(main.read(r, since + ([main.delta_paths[r]] if r in main.delta_paths else [])))
             path, rows, size = main.scratch.put(f"{r}__since_{view}", change)
-            states.old_paths[r] = [x["path"] for x in refs]
+            states.old_paths[r] = paths
             states.old_rows[r] = None if any(x.get("rows") is None for x in refs) else sum(x["rows"] for x in refs)
             states.replaced.pop(r, None)
             for held in (states.delta_paths, states.delta_bytes, states.delta_rows):

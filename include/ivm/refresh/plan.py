@@ -11,6 +11,7 @@ functions: planning decisions are testable without Spark or a catalog.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -172,6 +173,7 @@ def _plan_views(ctx: RunContext, p: Plan, wanted: list[str] | None, mode: Mode,
     changed = {t.table for t in p.tables}
     change_rows = {t.table: float(t.log_rows) for t in p.tables}
     defined = ctx.catalog.view_defs()
+    points = functools.cache(ctx.catalog.restore_points)  # (catch_up's, read once for every view behind)
     work: list[ViewWork] = []
     full: set[str] = set()
     followed: set[str] = set()  # views whose rule change DRed follows, and the views above them
@@ -196,7 +198,7 @@ def _plan_views(ctx: RunContext, p: Plan, wanted: list[str] | None, mode: Mode,
         # recomputed when its state there is gone
         missed = [(t, watermarks.get((view, t), 0) + 1, watermarks[(t, t)]) for t in upstream
                   if watermarks.get((view, t), 0) < watermarks.get((t, t), 0)]
-        behind = catch_up(ctx, view) if missed and state.version_id is not None else None
+        behind = catch_up(ctx, view, points) if missed and state.version_id is not None else None
         facts = ViewFacts(
             view, mode, cfg.mode, materialized=state.version_id is not None,
             definition_changed="" if d is not None and state.created_at is not None
@@ -250,24 +252,26 @@ def _plan_views(ctx: RunContext, p: Plan, wanted: list[str] | None, mode: Mode,
     return work
 
 
-def catch_up(ctx: RunContext, view: str) -> CatchUp | str:
+def catch_up(ctx: RunContext, view: str, points: Callable[[], list] | None = None) -> CatchUp | str:
     """Where a view that fell behind catches up from (#48, item 1; 002 keeps a log pointer per view):
     the published run that left the view in its current state — its snapshot is the view's pointer into
     every log it reads — with the layers, in that run's state, of each relation the view reads that moved
     since. The refresh then maintains the view from those states by each relation's changes since (its
     layers published after them, and this run's delta), as a view that never fell behind is maintained
     from its last state. Or, in words, why it cannot: that state is no longer kept (``ivm gc``'s
-    retention), or it reads a Delta source (whose versions are its table's)."""
+    retention), or it reads a Delta source (whose versions are its table's). ``points``: the catalog's
+    restore points, read once per plan however many views fell behind (default: read here)."""
+    points = points or ctx.catalog.restore_points
     catalog = ctx.catalog
     program, strata = ctx.program
-    own = set(ctx.stored_relations(view)) | {p for p in program.predicates if program.owner(p) == view}
+    stored = ctx.stored_relations(view)
+    own = set(stored) | {p for p in program.predicates if program.owner(p) == view}
     reads = sorted(u for u in strata.upstream(view) - own if program.predicates[u].kind in ("base", "view"))
     sources = [t for t in reads if t in ctx.config.tables and ctx.source_location(t) is not None]
     if sources:
         return f"it reads the Delta source {sources[0]}, whose earlier states ivm does not keep"
-    stored = ctx.stored_relations(view)
     current = {r: catalog.state(r).version_id for r in [*reads, *stored]}
-    found = next(((run, versions) for run, versions in catalog.restore_points()
+    found = next(((run, versions) for run, versions in points()
                   if all(versions.get(r) == current[r] for r in stored) and all(r in versions for r in reads)), None)
     if found is None:
         return "no published run recorded its state with those of the relations it reads"
@@ -280,7 +284,7 @@ def catch_up(ctx: RunContext, view: str) -> CatchUp | str:
         if state is None:
             return f"the state of {r} at its pointer (run {run.id}) was garbage-collected (storage.retention_hours)"
         layers[r] = [layer_json(x, r) for x in state.layers]
-    return CatchUp(run.id, {t: int(n) for t, n in run.snapshot.items()}, layers)
+    return CatchUp(run.id, layers)
 
 
 def plan_replay(ctx: RunContext, wanted: list[str], from_version: int, run_id: str | None = None) -> Plan:

@@ -149,14 +149,13 @@ class ViewWork:
 class CatchUp:
     """Where a view that fell behind catches up from (`ViewWork.catch_up`)."""
 
-    #: the run that published the view's state, and its snapshot (the view's pointers into the logs)
+    #: the run that published the view's state (its snapshot is the view's pointers into the logs)
     run_id: str
-    snapshot: dict[str, int]
     #: relation the view reads -> its layers in that run's state (json, as `layer_json`)
     layers: dict[str, list[dict]]
 
     def to_json(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, "snapshot": self.snapshot, "layers": self.layers}
+        return {"run_id": self.run_id, "layers": self.layers}
 
 
 @dataclass
