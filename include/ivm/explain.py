@@ -196,7 +196,10 @@ def _reduce_steps(program: Program, config: ProjectConfig, view: str) -> tuple[s
            "changed table, the candidate relation V_C^i (what the changed tuples derive) and the existing relation "
            "V_E^i (what the unchanged tuples agreeing with them on the view's columns derive) are joined table by "
            "table; the target V_T leaves (deletion) or enters (insertion, §5) the view, stored without counts",
-           "a step whose candidate relation is empty ends the update before the remaining tables are read"]
+           "both kinds' relations are one relation with a count per side and the steps one Spark plan: each step "
+           "joins the next table once for all of them; a candidate relation found empty empties the rest of the "
+           "plan (Spark's adaptive execution)",
+           "insertions build no existing relation: their targets are the candidates' view tuples not in V (§5)"]
     if keyed and cfg.algorithm in ("REDUCE", "REDUCE+"):
         out.append(f"Theorem 3: the view holds a key of {', '.join(keyed)}: no existing relation past that step; "
                    "a deletion from it is looked up in the view")

@@ -8,8 +8,9 @@ run refreshed in **one Delta commit**:
   touched, each with its row in the view's new state (updated or inserted) or without one (deleted);
 * a full recompute, a view without a key, a new sink, or a sink that is not at the view's previous
   version: the view's new state replaces the table (an overwrite: Delta keeps the old versions for
-  time travel). A keyless view has no identity to merge rows by (a bag may hold a row twice), so the
-  overwrite is the cheapest write that is right for it.
+  time travel). A set (SELECT DISTINCT, a Datalog view) holds each row once, so its columns are its
+  key and it is merged as a keyed view is; a keyless bag has no identity to merge rows by (it may hold
+  a row twice), so the overwrite is the cheapest write that is right for it.
 
 Each commit is idempotent (Delta's ``txnAppId`` ``ivm:<view>`` and ``txnVersion`` the catalog's version
 of the view): a retried stage does not write twice, and the table's transaction version says which
@@ -88,14 +89,14 @@ def _idempotent(spark, view: str, version: int):
 def write_view(ctx: RunContext, view: str, previous: int | None, delta_path: str | None,
                full: bool) -> SinkWrite:
     """Bring the sink of ``view`` to the view's published version: a MERGE of the keys in its delta layer
-    ``delta_path`` when the sink holds the ``previous`` version and the view has a key, else an
+    ``delta_path`` when the sink holds the ``previous`` version and the view has a key (`merge_key`), else an
     overwrite with the whole state (so too once its columns changed, ivm.evolution)."""
     started = time.perf_counter()
     where = location(ctx, view)
     version = ctx.catalog.state(view).version_id
     sink = _delta_table(where)
     now = None if sink is None else sink.transaction_version(app_id(view))
-    key = ctx.config.views[view].key
+    key = merge_key(ctx, view)
     small = None if now == version else state_without_jvm(ctx, view)
     if now == version:
         how = "current"
@@ -170,6 +171,15 @@ def state_without_jvm(ctx: RunContext, view: str):
     if ctx.program[0].predicates[view].semantics == "set":
         counts = np.minimum(counts, 1)
     return summed.select(columns).take(np.repeat(np.arange(len(counts)), np.maximum(counts, 0)))
+
+
+def merge_key(ctx: RunContext, view: str) -> list[str] | None:
+    """The columns a MERGE identifies the view's rows by: its declared ``key``, or for a set (SELECT
+    DISTINCT, a Datalog view; every row once) all its columns; None for a keyless bag."""
+    key = ctx.config.views[view].key
+    if key:
+        return key
+    return list(ctx.schema(view).names) if ctx.program[0].predicates[view].semantics == "set" else None
 
 
 def _overwrite(rows: DataFrame, where: str, view: str, version: int) -> None:

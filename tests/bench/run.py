@@ -74,7 +74,7 @@ class Figure:
     rows_read: int
     bytes_written: int
     shuffled: int = 0  # records written to shuffles: the intermediate rows the plans exchanged
-    detail: str = ""  # what the maintenance reported (REDUCE: candidate, existing, target rows)
+    detail: str = ""  # what the maintenance reported (REDUCE: join steps, relations written)
     warmup: list[float] | None = None  # the unmeasured warm-up refreshes before it (seconds)
     times: list[float] | None = None  # every measurement of the figure (seconds), in order; it reports their median
 
@@ -356,7 +356,8 @@ def report(figures: list[Figure], args, out: Path) -> None:
     if projections:
         lines += ["", "## Set-semantics projections: counting vs REDUCE (004)", "",
                   "Intermediate rows: records the refresh's plans wrote to shuffles (both strategies); REDUCE also "
-                  "reports the rows of its candidate and existing relations (all steps) and of its targets.", "",
+                  "reports its join steps and the relations it wrote before its view change (one plan per "
+                  "changed table: its relations are not counted).", "",
                   "| view | strategy | Δ | T_inc s | T_full s | T_inc/T_full | jobs | shuffled rows | rows read | "
                   "REDUCE relations |", "|---|---|---|---|---|---|---|---|---|---|"]
         for (view, delta, _), pair in sorted(projections, key=lambda x: (x[0][0].split("@")[0], x[0][1], x[0][0])):

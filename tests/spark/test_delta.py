@@ -360,10 +360,13 @@ def test_small_views_are_written_by_delta_rs_without_a_jvm(make_project, spark, 
     # over the threshold: Spark's MERGE, into the table delta-rs wrote
     again = make_project(table, root=tmp_path / "p", views=views,
                          storage={"delta_views": True, "sink_without_jvm_mb": 0})
-    again.append("m", parquet("c2.parquet", [(5, DAYS[2], None, Decimal("3.00"), None)], ["insert"]))
+    again.append("m", parquet("c2.parquet", [(5, DAYS[2], None, Decimal("3.00"), None),
+                                             (6, dt.date(2026, 11, 4), ts, None, 0.5)], ["insert", "insert"]))
     result = again.refresh()
     assert not publish.sink_without_jvm(again.ctx, result.run_id)
-    assert again.catalog.latest_stage("sink", "per_day").detail["how"] == "merge"
+    # keyed by its key; a set without a key (each row once) by all its columns; a bag rewritten whole
+    assert {v: again.catalog.latest_stage("sink", v).detail["how"] for v in views} == {
+        "per_day": "merge", "days": "merge", "copies": "overwrite"}
     for view in views:
         assert bag(spark.read.format("delta").load(sinks.location(again.ctx, view)).collect()) == bag(
             again.read(view).collect()), view

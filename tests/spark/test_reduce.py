@@ -24,6 +24,11 @@ TABLES = {"r1": {"columns": {"a": "string", "b": "string"}},
 SQL = "SELECT DISTINCT r1.a, r2.c, r3.e FROM r1 JOIN r2 ON r1.b = r2.b JOIN r3 ON r2.d = r3.d"
 
 
+def view_of(r1, r2) -> set:
+    """V = π_ACE(R1 * R2 * R3) over the given R1 and R2."""
+    return {(a, c, e) for a, b in r1 for b2, c, d in r2 if b2 == b for d2, e in R3 if d2 == d}
+
+
 _RUNS: dict = {}
 
 
@@ -49,7 +54,8 @@ def _run(spark, tmp_path, algorithm, deleted, inserted, multiple, tables, key, r
 
     old = {"r1": frame("r1", r1), "r2": frame("r2", r2), "r3": frame("r3", R3)}
     change = frame("r1", deleted, -1).unionByName(frame("r1", inserted, 1))
-    view_old = spark.createDataFrame([(*t, 1) for t in sorted(V)], "a string, c string, e string, __count long")
+    view_old = spark.createDataFrame([(*t, 1) for t in sorted(view_of(r1, r2))],
+                                     "a string, c string, e string, __count long")
     scratch = Scratch(Warehouse(str(tmp_path / f"{algorithm}-{len(_RUNS)}")), spark, "run")
     s = reduce.shape(program, "v")
     r = reduce.Reducer(program, s, algorithm, multiple, key, lambda p, state: old[p],
@@ -63,11 +69,16 @@ def rows(df, *cols):
     return set() if df is None else {tuple(x[c] for c in cols) for x in df.collect()}
 
 
+def sizes(step) -> tuple:
+    return step.rows("candidate"), step.rows("existing")
+
+
 def steps(r, kind="deletion"):
     return next(t for t in r.traces if t.kind == kind).steps
 
 
 def test_example_1_target_relation(spark, tmp_path):
+    assert view_of(R1, R2) == V  # Figure 1
     r, delta = run(spark, tmp_path, "NAIVE", deleted=[("a2", "b2")])
     # Figure 3: V_T = {(a2, c2, e1)}; (a2, c2, e2), (a2, c2, e4) are derived by (a2, b3) and (a2, b4) too
     assert rows(delta, "a", "c", "e", "__count") == {("a2", "c2", "e1", -1)}
@@ -82,7 +93,7 @@ def test_example_2_naive(spark, tmp_path):
         ("a2", "b2", "c2", "d1"), ("a2", "b2", "c2", "d2")}
     assert rows(st[1].frames["existing"], "r1_a_1", "r1_b_1", "r2_c_1", "r2_d_1") == {
         ("a2", "b3", "c2", "d2"), ("a2", "b4", "c2", "d2"), ("a2", "b4", "c3", "d3")}
-    assert [(x.candidate, x.existing) for x in st] == [(1, 2), (2, 3), (4, 5)]
+    assert [sizes(x) for x in st] == [(1, 2), (2, 3), (4, 5)]
 
 
 def test_example_3_rie(spark, tmp_path):
@@ -91,7 +102,7 @@ def test_example_3_rie(spark, tmp_path):
     # (a2, b4, c3, d3) agrees with no candidate on AC: it is not kept (Figure 6)
     assert rows(st[1].frames["existing"], "r1_a_1", "r1_b_1", "r2_c_1", "r2_d_1") == {
         ("a2", "b3", "c2", "d2"), ("a2", "b4", "c2", "d2")}
-    assert [(x.candidate, x.existing) for x in st] == [(1, 2), (2, 2), (4, 4)]
+    assert [sizes(x) for x in st] == [(1, 2), (2, 2), (4, 4)]
     assert rows(delta, "a", "c", "e", "__count") == {("a2", "c2", "e1", -1)}
 
 
@@ -101,7 +112,7 @@ def test_example_4_ric(spark, tmp_path):
     # (a2, b2, c2, d2) agrees with (a2, b3, c2, d2) of V_E^2 on Z_2 = ACD: dropped (Figure 7)
     assert rows(st[1].frames["candidate"], "r1_a_1", "r1_b_1", "r2_c_1", "r2_d_1") == {("a2", "b2", "c2", "d1")}
     assert rows(st[2].frames["candidate"], "r1_a_1", "r2_c_1", "r3_e_1") == {("a2", "c2", "e1")}
-    assert [(x.candidate, x.existing) for x in st] == [(1, 2), (1, 3), (1, 5)]
+    assert [sizes(x) for x in st] == [(1, 2), (1, 3), (1, 5)]
     assert rows(delta, "a", "c", "e", "__count") == {("a2", "c2", "e1", -1)}
 
 
@@ -110,7 +121,7 @@ def test_example_5_reduce(spark, tmp_path):
     st = steps(r)
     assert rows(st[1].frames["existing"], "r1_a_1", "r1_b_1", "r2_c_1", "r2_d_1") == {
         ("a2", "b3", "c2", "d2"), ("a2", "b4", "c2", "d2")}  # Figure 8
-    assert [(x.candidate, x.existing) for x in st] == [(1, 2), (1, 2), (1, 0)]
+    assert [sizes(x) for x in st] == [(1, 2), (1, 2), (1, 0)]
     assert rows(delta, "a", "c", "e", "__count") == {("a2", "c2", "e1", -1)}
 
 
@@ -120,20 +131,20 @@ def test_example_6_reduce_plus_projects_early(spark, tmp_path):
     assert set(st[1].frames["candidate"].columns) == {"r1_a_1", "r2_c_1", "r2_d_1", "__count"}  # Z_2 = ACD
     assert rows(st[1].frames["candidate"], "r1_a_1", "r2_c_1", "r2_d_1") == {("a2", "c2", "d1")}
     assert rows(st[1].frames["existing"], "r1_a_1", "r2_c_1", "r2_d_1") == {("a2", "c2", "d2")}  # Figure 9
-    assert [(x.candidate, x.existing) for x in st] == [(1, 2), (1, 1), (1, 0)]
+    assert [sizes(x) for x in st] == [(1, 2), (1, 1), (1, 0)]
     assert rows(delta, "a", "c", "e", "__count") == {("a2", "c2", "e1", -1)}
 
 
 def test_reduce_intermediate_results_no_larger_than_naive(spark, tmp_path):
-    sizes = {}
+    counted = {}
     for alg in reduce.ALGORITHMS:
         r, delta = run(spark, tmp_path, alg, deleted=[("a2", "b2")])
         st = steps(r)
-        sizes[alg] = (sum(x.candidate or 0 for x in st), sum(x.existing or 0 for x in st))
+        counted[alg] = tuple(sum(n or 0 for n in side) for side in zip(*map(sizes, st), strict=True))
         assert rows(delta, "a", "c", "e", "__count") == {("a2", "c2", "e1", -1)}, alg
     for alg in ("RIE", "RIC", "REDUCE", "REDUCE+"):
-        assert sizes[alg][0] <= sizes["NAIVE"][0] and sizes[alg][1] <= sizes["NAIVE"][1], (alg, sizes)
-    assert sum(sizes["REDUCE"]) < sum(sizes["NAIVE"]) and sum(sizes["REDUCE+"]) <= sum(sizes["REDUCE"])
+        assert counted[alg][0] <= counted["NAIVE"][0] and counted[alg][1] <= counted["NAIVE"][1], (alg, counted)
+    assert sum(counted["REDUCE"]) < sum(counted["NAIVE"]) and sum(counted["REDUCE+"]) <= sum(counted["REDUCE"])
 
 
 @pytest.mark.parametrize("algorithm", reduce.ALGORITHMS)
@@ -151,10 +162,11 @@ def test_insertion_of_tuples_deriving_present_view_tuples(spark, tmp_path, algor
     assert rows(delta, "a", "c", "e", "__count") == {("a2", "c2", "e1", 1)}
 
 
-def test_an_empty_candidate_relation_stops_the_update(spark, tmp_path):
-    # (a2, b5) joins nothing in R2: V_C^2 = ∅, R3 is not read
+def test_an_empty_candidate_relation_empties_the_update(spark, tmp_path):
+    # (a2, b5) joins nothing in R2: V_C^2 = ∅ and so is every later step (one plan: Spark's adaptive
+    # execution empties the joins above an empty side); an insertion under REDUCE+ builds no V_E (§5, V)
     r, delta = run(spark, tmp_path, "REDUCE+", inserted=[("a2", "b5")])
-    assert rows(delta, "a") == set() and [x.candidate for x in steps(r, "insertion")] == [1, 0]
+    assert rows(delta, "a") == set() and [sizes(x) for x in steps(r, "insertion")] == [(1, None), (0, None), (0, None)]
 
 
 @pytest.mark.parametrize("multiple", ["MU1", "MU2"])
@@ -173,10 +185,11 @@ def test_mu2_insertion_candidates_reduce_the_deletions(spark, tmp_path):
     mu1, d1 = run(spark, tmp_path, "REDUCE", deleted=[("a2", "b2")], inserted=[("a2", "b5")], multiple="MU1", r2=r2)
     mu2, d2 = run(spark, tmp_path, "REDUCE", deleted=[("a2", "b2")], inserted=[("a2", "b5")], multiple="MU2", r2=r2)
     assert rows(d1, "a", "c", "e") == set() and rows(d2, "a", "c", "e") == set()
-    assert next(t for t in mu1.traces if t.kind == "deletion").target == 1
-    assert [x.candidate for x in steps(mu2)] == [1, 0]
-    assert next(t for t in mu2.traces if t.kind == "deletion").target == 0
-    assert next(t for t in mu2.traces if t.kind == "insertion").target == 1
+    assert next(t for t in mu1.traces if t.kind == "deletion").target_rows() == 1
+    assert [x.rows("candidate") for x in steps(mu2)] == [1, 0, 0]
+    assert next(t for t in mu2.traces if t.kind == "deletion").target_rows() == 0
+    # the insertion's candidates' view tuples, both in V already (§5 with V as the existing relation)
+    assert next(t for t in mu2.traces if t.kind == "insertion").target_rows() == 2
 
 
 def test_theorem_3_deletion_read_from_the_view(spark, tmp_path):
@@ -184,9 +197,10 @@ def test_theorem_3_deletion_read_from_the_view(spark, tmp_path):
     tables = {**TABLES, "r1": {**TABLES["r1"], "key": ["a"]}}
     r, delta = run(spark, tmp_path, "REDUCE+", deleted=[("a2", "b2")], tables=tables, r1=[("a1", "b1"), ("a2", "b2")])
     st = steps(r)
-    assert len(st) == 1 and st[0].existing is None and "Theorem 3" in st[0].note
+    assert len(st) == 1 and st[0].rows("existing") is None and "Theorem 3" in st[0].note
     # every tuple of V with A = a2 leaves, read off V without touching R2 or R3
-    assert rows(delta, "a", "c", "e", "__count") == {(a, c, e, -1) for a, c, e in V if a == "a2"}
+    assert rows(delta, "a", "c", "e", "__count") == {(a, c, e, -1) for a, c, e in view_of(
+        [("a1", "b1"), ("a2", "b2")], R2) if a == "a2"}
 
 
 def test_theorem_4_stops_when_y_holds_the_views_key(spark, tmp_path):

@@ -211,7 +211,7 @@ def test_strategy_is_recorded_and_a_change_of_stored_form_recomputes(make_projec
     work = {w.view: w for w in result.views}
     assert work["regions"].strategy == "reduce" and work["regions"].mode == "incremental"
     assert "REDUCE+ (004) with MU2" in work["regions"].reason
-    assert work["regions"].detail["candidate rows"] >= 1
+    assert work["regions"].detail["join steps"] >= 2
     record = _stage(p, result.run_id, "regions")
     assert record.detail["strategy"] == "reduce" and record.detail["choice"]["reason"].startswith("forced")
     # emp's deletion is unsafe for the key-based rules of `north` (emp's key is not bound): rematerialized

@@ -22,7 +22,7 @@ from ivm.maintain.keyed import KeyBased
 from ivm.maintain.recompute import Evaluator
 from ivm.maintain.strategy import KEYED, REDUCE, Strategy
 from ivm.stratify import Strata
-from ivm.zset import change_sizes, consolidate
+from ivm.zset import BROADCAST_BYTES, change_sizes, consolidate
 
 log = logging.getLogger(__name__)
 C = COUNT_COLUMN
@@ -73,17 +73,17 @@ class CountFree:
         return run(view, config, changed, self.states.old(view))
 
     def _reduce(self, view: str, config: ViewConfig, changed: list[str], old_view: DataFrame) -> Outcome:
-        """004's reducing algorithms (ivm.maintain.reduce)."""
+        """004's reducing algorithms (ivm.maintain.reduce), over the tables' layers as they are: each step
+        settles what it joined, so no table is consolidated first (a shuffle of all of it)."""
         s = reduce.shape(self.program, view)
         assert not isinstance(s, str), s
         r = reduce.Reducer(self.program, s, config.reduce.algorithm, config.reduce.multiple_updates, config.key,
-                           self.relation, lambda t: self.set_change(t) if t in changed else None,
-                           old_view, self.states.scratch, self.evaluator("old"))
+                           self.counting.joined, lambda t: self.set_change(t) if t in changed else None,
+                           old_view, self.states.scratch, self.evaluator("old"),
+                           lambda t: self.states.delta_bytes.get(t, BROADCAST_BYTES + 1) <= BROADCAST_BYTES)
         delta = r.run()
-        steps = [st for t in r.traces for st in t.steps]
-        detail = {"candidate rows": sum(st.candidate or 0 for st in steps),
-                  "existing rows": sum(st.existing or 0 for st in steps),
-                  "target rows": sum(t.target for t in r.traces), "join steps": len(steps)}
+        # (the relations' sizes are not counted: a job each; the run's rows written are its delta's)
+        detail = {"join steps": sum(len(t.steps) for t in r.traces), "relations written": r.writes}
         notes = [f"{t.table} {t.kind}: {t.shortcut}" for t in r.traces if t.shortcut]
         return Outcome(delta, detail, notes, r.traces)
 

@@ -16,11 +16,20 @@ columns derive), and the *target* relation V_T = V_C − V_E is what leaves (del
 Several changed tuples at once are the multiple updates of §6: MU1 (Algorithm 6) computes the targets
 of the insertions and of the deletions separately, V_R = (V − V_TD) ∪ V_TI; MU2 (Algorithm 7) also
 counts the insertion candidates as existing tuples for the deletions (their targets shrink; the view
-change is then checked against V). Each V_C^i / V_E^i is written to the run's scratch space, so its
-size is known: when V_C^i is empty the update stops before reading R_{i+1} (§3, "quit the materialized
-view update"). Theorem 3 (the view holds a key of R_i: V_E^i = ∅, later existing relations are not
-built; for a deletion at i = 1 the targets are read off V itself) and Theorem 4 (Y_i holds the view's
-declared key: stop at step i) shorten the work.
+change is then checked against V). Theorem 3 (the view holds a key of R_i: V_E^i = ∅, later existing
+relations are not built; for a deletion at i = 1 the targets are read off V itself) and Theorem 4 (Y_i
+holds the view's declared key: stop at step i) shorten the work; under REDUCE and REDUCE+ an insertion
+builds no existing relation at all: its existing relation's view tuples are V's (§5, see
+``Reducer.update``).
+
+On Spark the steps of all chains of a run are one set-based plan, not an action per step: V_C^i and
+V_E^i are DataFrames over V_C^{i-1} and V_E^{i-1}, and the run's view change is computed by the one
+job that writes it (plus one write per further changed table, whose update reads V as the earlier ones
+left it). §3's "quit the materialized view update" when V_C^i is empty is Spark's: adaptive execution
+turns a join with an empty side into an empty relation once that side's stage ran. The relations are
+written every ``CHECKPOINT_STEPS`` joins of a longer chain, since each step's plan holds the previous
+step's two (RIC reads V_E^i into V_C^i and RIE V_C^i into V_E^i). A step's sizes are counted on demand
+(``Step.rows``: the paper's examples, ``ivm explain``), never by a refresh.
 
 Changes to several tables (or to a table joined with itself) are applied one reference at a time, as
 in 000's delta rules: references before the updated one at their new state, after it at their old.
@@ -30,11 +39,12 @@ joins (NULL never matches).
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from ivm.config import COUNT_COLUMN
@@ -44,12 +54,15 @@ from ivm.maintain.counting import presence_change
 from ivm.maintain.fixpoint import as_set
 from ivm.maintain.recompute import Evaluator, natural_join
 from ivm.storage import Scratch
-from ivm.zset import anti_join, change_sizes, consolidate, negate, quote, restrict, union_all
+from ivm.zset import BROADCAST_BYTES, anti_join, consolidate, negate, quote, restrict, union_all
 
 log = logging.getLogger(__name__)
 C = COUNT_COLUMN
 ALGORITHMS = ("NAIVE", "RIE", "RIC", "REDUCE", "REDUCE+")
 MULTIPLE = ("MU1", "MU2")
+#: a chain's candidate and existing relations are written after this many joins when more follow (each
+#: step's plan reads both relations of the step before: the plans would grow ~2.6× per join)
+CHECKPOINT_STEPS = 4
 
 
 @dataclass(frozen=True)
@@ -110,26 +123,33 @@ def join_order(s: Shape, first: int) -> list[int]:
 
 @dataclass
 class Step:
-    """Sizes of one join step's relations (for the run record, explain and the paper's examples)."""
+    """One join step of a chain: its relations V_C^i and V_E^i (plans, counted only when asked)."""
 
     i: int
     table: str
-    candidate: int | None = None
-    existing: int | None = None
     note: str = ""
-    #: V_C^i and V_E^i as written to the run's scratch space (read back)
+    #: "candidate" (V_C^i) and "existing" (V_E^i, absent when none is built)
     frames: dict[str, DataFrame] = field(default_factory=dict, repr=False)
+
+    def rows(self, side: str) -> int | None:
+        """|V_C^i| (``side`` "candidate") or |V_E^i| ("existing"), None when not built: a Spark job each
+        (the paper's examples and their tests; a refresh does not count them)."""
+        return self.frames[side].count() if side in self.frames else None
 
 
 @dataclass
 class UpdateTrace:
-    """What one reference's update did: per kind (insertion / deletion), the steps and the target size."""
+    """What one reference's update did: per kind (insertion / deletion), the steps and the target V_T."""
 
     table: str
     kind: str
     steps: list[Step] = field(default_factory=list)
-    target: int = 0
+    target: DataFrame | None = field(default=None, repr=False)
     shortcut: str = ""
+
+    def target_rows(self) -> int:
+        """|V_T| (a Spark job; tests)."""
+        return 0 if self.target is None else self.target.count()
 
 
 class Reducer:
@@ -138,16 +158,17 @@ class Reducer:
     ``relation(table, state)`` gives a table as the rules use it at "old" or "new" (its layers; each
     step settles what it joined into a set);
     ``changes(pred)`` its set change (+1 inserted, -1 deleted tuples) or None; ``view_old`` the view's
-    stored tuples before the run."""
+    stored tuples before the run; ``small(pred)``: its change is small enough to broadcast, and so are
+    the relations an update derives from it alone."""
 
     def __init__(self, program: Program, s: Shape, algorithm: str, multiple: str, view_key: list[str] | None,
                  relation: Callable[[str, str], DataFrame], changes: Callable[[str], DataFrame | None],
-                 view_old: DataFrame, scratch: Scratch, ev: Evaluator):
+                 view_old: DataFrame, scratch: Scratch, ev: Evaluator, small: Callable[[str], bool] = lambda _t: False):
         if algorithm not in ALGORITHMS:
             raise ValueError(f"unknown reducing algorithm {algorithm!r}")
         self.program, self.s, self.algorithm, self.multiple = program, s, algorithm, multiple
         self.relation, self.changes, self.view_old = relation, changes, view_old
-        self.scratch, self.ev = scratch, ev
+        self.scratch, self.ev, self.small = scratch, ev, small
         head = self.program.predicates[s.view].columns
         self.column_of = {a.name: c for a, c in zip(s.rule.head.args, head, strict=True) if isinstance(a, Var)}
         self.key_vars = None
@@ -161,30 +182,20 @@ class Reducer:
 
     # -- helpers ---------------------------------------------------------------------------------------
 
-    def _put(self, name: str, frames: dict[str, DataFrame]) -> dict[str, tuple[DataFrame, int]]:
-        """Write relations of the same columns in one Spark job (a side column, partitioned by it) to the
-        run's scratch space; each read back with its row count (from the Parquet footers)."""
-        if not frames:
-            return {}
+    def _put(self, name: str, df: DataFrame) -> tuple[DataFrame, int]:
+        """Write a relation to the run's scratch space (one Spark job) and read it back, with its size in
+        bytes: a long update's checkpoint, or a changed table's view change that the next table's update
+        reads."""
         self._n += 1
-        sides = list(frames)
-        schema = frames[sides[0]].schema
-        tagged = [df.select(*[F.col(quote(c)) for c in schema.names]).withColumn("__side", F.lit(side))
-                  for side, df in frames.items()]
-        union = union_all(tagged)
-        # (under the view's name: two REDUCE views of one run name their steps alike, emp-insert-1; under
-        # dynamic partition overwrite the second's write kept the first's ``existing`` side, which the
-        # second then read as its own: found by a change stream)
-        path = self.scratch.warehouse.path("staging", self.scratch.run_id, f"reduce/{self.s.view}/{self._n:03d}-{name}")
-        union.write.mode("overwrite").partitionBy("__side").parquet(path)
-        out = {}
-        for side in sides:
-            part = f"{path}/__side={side}"  # an empty side writes no folder
-            rows = self.scratch.warehouse.parquet_stats(part)[0] if self.scratch.warehouse.exists(part) else 0
-            read = self.scratch.spark.read.schema(schema).parquet(part) if rows else \
-                self.scratch.spark.createDataFrame([], schema)
-            out[side] = (read, rows or 0)
-        return out
+        # (under the view's name: two REDUCE views of one run name their steps alike, emp-2; found by a
+        # change stream when they shared a folder)
+        path, _, size = self.scratch.put(f"reduce/{self.s.view}/{self._n:03d}-{name}", df)
+        return self.scratch.read([path], df.schema), size
+
+    @property
+    def writes(self) -> int:
+        """Relations this run wrote before its view change (checkpoints, changes read by later updates)."""
+        return self._n
 
     def _vars(self, df: DataFrame) -> list[str]:
         return [c for c in df.columns if c != C]
@@ -211,73 +222,97 @@ class Reducer:
                 for a, c in zip(self.s.rule.head.args, view.columns, strict=True)]
         return df.select(*cols).distinct().withColumn(C, F.lit(1).cast("long"))
 
-    def current_view(self, keys: DataFrame, columns: list[str]) -> DataFrame:
+    def current_view(self, keys: DataFrame, columns: list[str], small: bool = False) -> DataFrame:
         """V as the references applied so far left it, restricted to the tuples whose ``columns`` occur
-        in ``keys`` (the stored layers and this run's earlier changes, consolidated for those keys)."""
-        return self._settle(restrict(union_all([self.view_old, *self._deltas]), keys, columns))
+        in ``keys`` (the stored layers and this run's earlier changes, consolidated for those keys;
+        ``small``: the keys are broadcast)."""
+        return self._settle(restrict(union_all([self.view_old, *self._deltas]), F.broadcast(keys) if small else keys,
+                                     columns))
 
     # -- one run -----------------------------------------------------------------------------------------
 
     def run(self) -> DataFrame | None:
-        """The view's change (+1 entering, -1 leaving tuples) over all changed references; None if none."""
+        """The view's change (+1 entering, -1 leaving tuples) over all changed references, as a plan (the
+        caller writes it); None if no reference changed."""
         changed = [k for k, a in enumerate(self.s.atoms) if self.changes(a.pred) is not None]
-        for k in changed:
+        for n, k in enumerate(changed):
             delta = self.update(k)
-            if delta is not None:
-                self._deltas.append(delta)
+            if n + 1 < len(changed):
+                # the next reference's update reads V as this one left it (§5's insertions, Theorems 3
+                # and 4, MU2): written once, not planned again inside each later update
+                delta, _ = self._put(f"{self.s.atoms[k].pred}-change", delta)
+            self._deltas.append(delta)
         return consolidate(union_all(self._deltas)) if self._deltas else None
 
-    def update(self, k: int) -> DataFrame | None:
-        """§6: the insertions S_I and deletions S_D of reference k as one multiple update."""
+    def update(self, k: int) -> DataFrame:
+        """§6: the insertions S_I and deletions S_D of reference k as one multiple update (a plan)."""
         atom = self.s.atoms[k]
         change = self.changes(atom.pred)
         state = lambda j: "new" if j < k else "old"  # noqa: E731  the references before k see its new state
         rel = {j: self.ev.atom(a, self.relation(a.pred, state(j))) for j, a in enumerate(self.s.atoms) if j != k}
         own_old = self.ev.atom(atom, self.relation(atom.pred, "old"))
         changed = self.ev.atom(atom, change)
-        n_inserted, n_deleted = change_sizes(changed)  # |S_I|, |S_D|
         s_i = changed.where(F.col(C) > 0)
         s_d = negate(changed.where(F.col(C) < 0))
-        # R_1 − S_D, the existing side of both (Definition 5), restricted per chain before it is settled
-        unchanged = (own_old, s_d)
-        order = join_order(self.s, k)
-        ins = _Chain(self, atom.pred, "insertion", order, rel, s_i, unchanged, n_inserted)
-        dele = _Chain(self, atom.pred, "deletion", order, rel, s_d, unchanged, n_deleted)
-        for i in range(len(order)):
-            ins.step(i)
-            # MU2 (Algorithm 7): the insertion candidates are existing tuples for the deletions
-            mu2 = self.multiple == "MU2" and i > 0 and len(ins.trace.steps) == i + 1
-            dele.step(i, extra_existing=ins.candidate if mu2 else None)
-        t_i, t_d = ins.target(), dele.target()
-        self.traces += [ins.trace, dele.trace]
-        if t_i is None and t_d is None:
-            return None
-        delta = union_all([x for x in (t_i, negate(t_d) if t_d is not None else None)
-                           if x is not None])
+        u = _Update(self, atom.pred, join_order(self.s, k), rel, s_i, s_d, own_old, self.small(atom.pred))
+        for i in range(len(u.order)):
+            u.step(i)
+        t_i, t_d = u.target("insertion"), u.target("deletion")
+        self.traces += list(u.traces.values())
+        cols = list(self.program.predicates[self.s.view].columns)
+        if u.view_existing:
+            # §5 with V for the insertions' existing relation: R_1 − S_D derives V − V_TD, so V_TI =
+            # π V_C^I − (V − V_TD) and V_R = (V − V_TD) ∪ V_TI = (V − V_TD) ∪ π V_C^I (Theorem 7's MU1
+            # result): the candidates' tuples not in V enter, the deletion targets no candidate derives leave
+            present = self.current_view(t_i.select(*map(quote, cols)).distinct(), cols, u.small)
+            delta = union_all([anti_join(t_i, present, null_safe=True),
+                               negate(anti_join(t_d, t_i, null_safe=True))])
+            return consolidate(delta)
+        delta = union_all([t_i, negate(t_d)])
         if self.multiple == "MU2":  # Theorem 8: (V − V_TD') ∪ V_TI, so V_TI may hold tuples still in V
-            cols = list(self.program.predicates[self.s.view].columns)
             keys = delta.select(*[F.col(quote(c)) for c in cols]).distinct()
             delta = presence_change(self.current_view(keys, cols), consolidate(delta), cols)
-        return consolidate(delta)  # a plan over the written targets; the run writes the total once
+        return consolidate(delta)
 
 
-class _Chain:
-    """One kind of change (insertion or deletion) of one reference, step by step (Algorithms 1–5)."""
+#: the four relations of one reference's update (§6: S_I and S_D as one multiple update): the
+#: insertions' and the deletions' candidate (V_C^i) and existing (V_E^i) relations, kept as one relation
+#: with a count column per side
+SIDES = {"insertion": ("__ic", "__ie"), "deletion": ("__dc", "__de")}
+ALL_SIDES = ("__ic", "__ie", "__dc", "__de")
 
-    def __init__(self, r: Reducer, table: str, kind: str, order: list[int], rel: dict[int, DataFrame],
-                 changed: DataFrame, unchanged: tuple[DataFrame, DataFrame], size: int):
-        self.r, self.kind, self.order, self.rel = r, kind, order, rel
-        self.changed, self.unchanged, self.size = changed, unchanged, size
+
+def _some_side():
+    """A row some side holds."""
+    return functools.reduce(lambda a, b: a | b, [F.col(c) > 0 for c in ALL_SIDES])
+
+
+class _Update:
+    """One reference's update: its insertion and deletion chains (Algorithms 1–5, step by step) as one
+    relation of the joined variables with a count per side — V_C^i and V_E^i of both kinds, a tuple of
+    several sides one row. Each step joins the next table once for all four and settles them in one
+    aggregate; RIC and RIE compare the sides of a row (under REDUCE+, whose rows are Z_i's projections)
+    or of the rows agreeing on Z_i / Y_i (a window: NULLs agree, as in a null-safe comparison). So a
+    step reads the one before it once, and the plan grows linearly with the steps."""
+
+    def __init__(self, r: Reducer, table: str, order: list[int], rel: dict[int, DataFrame],
+                 s_i: DataFrame, s_d: DataFrame, own_old: DataFrame, small: bool):
+        self.r, self.order, self.rel = r, order, rel
+        self.s_i, self.s_d, self.own_old, self.small = s_i, s_d, own_old, small
+        #: the relation is broadcast into the joins: a small change's, while it holds no existing tuples or
+        #: only those agreeing with the change on Y_1 (written after step 1, and small too)
+        self.broadcast = False
         self.s = r.s
-        self.trace = UpdateTrace(table, kind)
-        self.candidate: DataFrame | None = None
-        self.existing: DataFrame | None = None
+        self.traces = {kind: UpdateTrace(table, kind) for kind in SIDES}
+        self.t: DataFrame | None = None
         self.joined: set[str] = set()
         self.applied: set[int] = set()  # conditions applied (REDUCE+)
-        self.done = False               # the candidates ran out, or a theorem settled the target
-        self.result: DataFrame | None = None
-        self.no_existing = False        # Theorem 3: V_E^i = ∅ from here on
-        self.from_view: DataFrame | None = None  # Theorem 3 (i = 1) / Theorem 4 on a deletion: keys of V_T
+        #: REDUCE and REDUCE+ build no existing relation for the insertions: V stands for its view
+        #: tuples (Reducer.update)
+        self.view_existing = r.algorithm in ("REDUCE", "REDUCE+")
+        self.has_existing = {"insertion": not self.view_existing, "deletion": True}
+        self.active = {kind: True for kind in SIDES}  # False: a theorem settled the kind's target
+        self.from_view: DataFrame | None = None  # Theorem 3 (i = 1) / Theorem 4: the deletion's keys of V_T
 
     # -- the attribute sets of §3 and §4 -----------------------------------------------------------------
 
@@ -308,113 +343,153 @@ class _Chain:
                 out.append(c)
         return out
 
+    # -- the sides ---------------------------------------------------------------------------------------
+
+    def _vars(self) -> list[str]:
+        return [c for c in self.t.columns if c != C and c not in ALL_SIDES]
+
+    def side(self, name: str) -> DataFrame:
+        """One side's relation as it stands (``__ic``, ``__ie``, ``__dc``, ``__de``): its tuples, count 1."""
+        return self.t.where(F.col(name) > 0).select(*map(quote, self._vars()), F.lit(1).cast("long").alias(C))
+
+    @staticmethod
+    def _agree(side: str, on: list[str], rows: list[str]):
+        """Whether a tuple of ``side`` agrees with the row on ``on``: the row's own count when ``on`` is
+        all of its columns, else a window over ``on`` (over no column: the whole relation)."""
+        if set(on) == set(rows):
+            return F.col(side) > 0
+        return F.max(F.col(side)).over(Window.partitionBy(*[F.col(quote(c)) for c in on])) > 0
+
+    def _keep(self, sides: dict) -> None:
+        """Set each named side's count to 1 where its condition holds, else 0; drop the rows of no side."""
+        t = self.t
+        for name, cond in sides.items():
+            t = t.withColumn(f"{name}_", F.when(cond & (F.col(name) > 0), 1).otherwise(0).cast("long"))
+        for name in sides:
+            t = t.withColumn(name, F.col(f"{name}_")).drop(f"{name}_")
+        self.t = t.where(_some_side())
+
+    def _ric(self, z: list[str]) -> None:
+        """RIC: drop the candidates agreeing with an existing tuple on Z_i (they derive only V_F); under
+        MU2 (Algorithm 7) the insertion candidates are existing tuples for the deletions."""
+        rows = self._vars()
+        covered = self._agree("__de", z, rows)
+        if self.r.multiple == "MU2":
+            covered = covered | self._agree("__ic", z, rows)
+        self._keep({"__dc": ~covered, "__ic": ~self._agree("__ie", z, rows)})
+
+    def _rie(self, y: list[str]) -> None:
+        """RIE: keep the existing tuples agreeing with a candidate of their kind on Y_i."""
+        rows = self._vars()
+        self._keep({"__de": self._agree("__dc", y, rows), "__ie": self._agree("__ic", y, rows)})
+
+    def _settle(self, keep: list[str]) -> DataFrame:
+        """Each side as a set over ``keep`` (its tuples' counts summed: present when positive, count 1).
+        The joined layers' counts are products of the tables' consolidated counts, never negative in sum,
+        so a projection's sum is positive exactly when one of its tuples is present."""
+        sums = [F.sum(F.col(c)).alias(c) for c in ALL_SIDES]
+        t = self.t.groupBy(*[F.col(quote(c)) for c in keep]).agg(*sums)
+        t = t.select(*map(quote, keep), *[F.when(F.col(c) > 0, 1).otherwise(0).cast("long").alias(c)
+                                          for c in ALL_SIDES])
+        return t.where(_some_side()).withColumn(C, F.lit(1).cast("long"))
+
     # -- one step ----------------------------------------------------------------------------------------
 
-    def step(self, i: int, extra_existing: DataFrame | None = None) -> None:
-        if self.done:
-            return
-        if i == 0 and self.size == 0:  # nothing of this kind changed: no relation is built
-            self.trace.steps.append(Step(1, self.s.atoms[self.order[0]].pred, 0, note="no changes of this kind"))
-            self.done = True
-            return
+    def step(self, i: int) -> None:
         alg, r = self.r.algorithm, self.r
+        if not any(self.active.values()):
+            return
         reduce_c = alg in ("RIC", "REDUCE", "REDUCE+")
         reduce_e = alg in ("RIE", "REDUCE", "REDUCE+")
         shortcuts = alg in ("REDUCE", "REDUCE+")  # Theorems 3 and 4 are stated for REDUCE
         atom = self.s.atoms[self.order[i]]
         theorem3 = shortcuts and key_in_view(r.program, atom, set(self.s.head_vars)) is not None
-        notes = []
+        notes: dict[str, list[str]] = {kind: [] for kind in SIDES}
         if i == 0:  # step 1: V_C^1 = S, V_E^1 = σ_{Y_1 ∈ π_{Y_1} S}(R_1 − S_D)
-            self.joined = set(r._vars(self.changed))
+            self.joined = set(r._vars(self.s_i))
             y = sorted(self._y())
-            cand = self.changed
-            own_old, s_d = self.unchanged
-            existing = None if theorem3 else anti_join(
-                r._settle(restrict(own_old, self.changed.select(*map(quote, y)).distinct(), y)), s_d, null_safe=True)
+            parts = {"__ic": self.s_i, "__dc": self.s_d}
+            hint = F.broadcast if self.small else (lambda df: df)
+            for kind, changed in (("insertion", self.s_i), ("deletion", self.s_d)):
+                if self.has_existing[kind] and not theorem3:
+                    agreeing = restrict(self.own_old, hint(changed.select(*map(quote, y)).distinct()), y)
+                    parts[SIDES[kind][1]] = anti_join(r._settle(agreeing), hint(self.s_d), null_safe=True)
+            if self.view_existing:
+                notes["insertion"].append("§5: the insertions' existing tuples derive V's tuples, V_T = π V_C^n − V")
+            t = union_all([df.select("*", *[(F.col(C) if c == name else F.lit(0)).cast("long").alias(c)
+                                             for c in ALL_SIDES]) for name, df in parts.items()])
         else:
             self.joined |= atom.variables()
-            rel = self.rel[self.order[i]]
-            cand = natural_join(self.candidate, rel, False)
-            existing = natural_join(self.existing, rel, False) if self.existing is not None else None
-        conds = self._newly_applicable() if r._plus() else []
+            t = natural_join(F.broadcast(self.t) if self.broadcast else self.t, self.rel[self.order[i]], False)
+            t = t.select(*[F.col(quote(c)) for c in t.columns if c not in ALL_SIDES],
+                         *[(F.col(c) * F.col(C)).alias(c) for c in ALL_SIDES])
+        self.t = r._select(t, self._newly_applicable() if r._plus() else [])
         # the tables' layers are read as they are (joins distribute over ⊎): each step settles its
-        # relation into a set (consolidated, present tuples, count 1)
-        cand = r._settle(r._select(cand, conds))
-        existing = r._settle(r._select(existing, conds)) if existing is not None else None
-        if r._plus():  # §4: projection on Z_i as early as possible
-            z = self._z(i)
-            cand = r._project(cand, z)
-            existing = r._project(existing, z) if existing is not None else None
-        if i > 0 and reduce_c and (existing is not None or extra_existing is not None):
-            # RIC: drop the candidates agreeing with an existing tuple on Z_i (they derive only V_F)
-            z = sorted(self._z(i))
-            other = union_all([e.select(*map(quote, z)) for e in (existing, extra_existing) if e is not None])
-            cand = anti_join(cand, other, null_safe=True) if z else cand.join(other.limit(1), how="left_anti")
+        # relations into sets, under REDUCE+ projected on Z_i (§4: as early as possible)
+        self.t = self._settle(sorted(self._z(i)) if r._plus() else sorted(self.joined))
+        if i > 0 and reduce_c:
+            self._ric(sorted(self._z(i)))
         if theorem3:
             # Theorem 3: X_V holds a key of R_i, so V_E^i = ∅ and no later existing relation is built
-            existing = None
-            notes.append(f"Theorem 3: the view holds a key of {atom.pred}, V_E^{i + 1} = ∅")
-        elif existing is not None and i > 0 and reduce_e:
-            # RIE: keep the existing tuples agreeing with a candidate on Y_i
-            y = sorted(self._y())
-            existing = restrict(existing, cand.select(*map(quote, y)).distinct(), y)
-        name = f"{atom.pred}-{self.kind}-{i + 1}"
-        if i == 0:  # V_C^1 is the change itself, already written: its size is known
-            self.candidate, c_rows = cand, self.size
-            written = r._put(name, {"existing": existing} if existing is not None else {})
-        else:  # V_C^i and V_E^i in one write (one Spark job), read back apart
-            written = r._put(name, {"candidate": cand, **({"existing": existing} if existing is not None else {})})
-            self.candidate, c_rows = written["candidate"]
-        step = Step(i + 1, atom.pred, c_rows, frames={"candidate": self.candidate})
-        self.trace.steps.append(step)
-        self.existing = None
-        if "existing" in written:
-            self.existing, step.existing = written["existing"]
-            step.frames["existing"] = self.existing
-        if c_rows == 0:  # V_C^i = ∅: V_T = ∅ without reading R_{i+1} ... R_n
-            step.note = "no candidates left: stop"
-            self.done = True
-            return
-        if theorem3 and i == 0 and self.kind == "deletion":
+            self._keep({"__ie": F.lit(False), "__de": F.lit(False)})
+            self.has_existing = {kind: False for kind in SIDES}
+            for kind in SIDES:
+                notes[kind].append(f"Theorem 3: the view holds a key of {atom.pred}, V_E^{i + 1} = ∅")
+        elif i > 0 and reduce_e and any(self.has_existing.values()):
+            self._rie(sorted(self._y()))
+        if i == 0 and self.small and i + 1 < len(self.order):
+            if not any(self.has_existing.values()):  # the change alone
+                self.broadcast = True
+            elif self._y():  # V_E^1: the tuples agreeing with the change on Y_1, how many is known once written
+                self.t, size = r._put(f"{atom.pred}-1", self.t)
+                self.broadcast = size <= BROADCAST_BYTES
+        elif (i + 1) % CHECKPOINT_STEPS == 0 and i + 1 < len(self.order):
+            self.t, _ = r._put(f"{atom.pred}-{i + 1}", self.t)
+        steps = {}
+        for kind, (c, e) in SIDES.items():
+            if self.active[kind]:
+                frames = {"candidate": self.side(c), **({"existing": self.side(e)} if self.has_existing[kind] else {})}
+                steps[kind] = Step(i + 1, atom.pred, frames=frames)
+                self.traces[kind].steps.append(steps[kind])
+        if theorem3 and i == 0:
             # ... and t is the only tuple deriving view tuples with its X_1 ∩ X_V value: V_T is read off V
-            self.from_view = self.candidate.select(*map(quote, sorted(self._y()))).distinct()
-            notes.append("the targets are read from V")
+            self.from_view = self.side("__dc").select(*map(quote, sorted(self._y()))).distinct()
+            notes["deletion"].append("the targets are read from V")
         later = self._remaining_conditions() if r._plus() else self.s.conditions
         if self.from_view is None and shortcuts and r.key_vars is not None and r.key_vars <= self._y() \
                 and not later and i + 1 < len(self.order):
             # Theorem 4: Y_i holds the view's key and no selection is left: the candidates whose Y_i
             # value no existing tuple has derive targets only, the others failures only
-            y = sorted(self._y())
-            keys = self.candidate.select(*map(quote, y)).distinct()
-            if self.existing is not None:
-                keys = anti_join(keys, self.existing.select(*map(quote, y)), null_safe=True)
-            if self.kind == "deletion":
-                self.from_view = keys
-                notes.append(f"Theorem 4: Y_{i + 1} holds the view's key, stop")
-            else:  # an insertion's targets are not in V yet (§5): join the rest, no existing relation
-                self.candidate = restrict(self.candidate, keys, y)
-                self.existing = None
-                notes.append(f"Theorem 4: Y_{i + 1} holds the view's key, no further V_E")
-        step.note = "; ".join(notes)
-        if self.from_view is not None:
-            self.done = True
-            self.trace.shortcut = step.note
+            y, rows = sorted(self._y()), self._vars()
+            self.t = self.t.withColumn("__de_y", self._agree("__de", y, rows)) \
+                .withColumn("__ie_y", self._agree("__ie", y, rows))
+            self.from_view = self.t.where((F.col("__dc") > 0) & ~F.col("__de_y")).select(*map(quote, y)).distinct()
+            notes["deletion"].append(f"Theorem 4: Y_{i + 1} holds the view's key, stop")
+            # an insertion's targets are not in V yet (§5): join the rest, no existing relation
+            self._keep({"__ic": ~F.col("__ie_y"), "__ie": F.lit(False)})
+            self.t = self.t.drop("__de_y", "__ie_y")
+            self.has_existing["insertion"] = False
+            notes["insertion"].append(f"Theorem 4: Y_{i + 1} holds the view's key, no further V_E")
+        for kind, step in steps.items():
+            step.note = "; ".join(notes[kind])
+        if self.from_view is not None and self.active["deletion"]:
+            self.active["deletion"] = False
+            self.traces["deletion"].shortcut = steps["deletion"].note
+            self._keep({"__dc": F.lit(False), "__de": F.lit(False)})
 
-    def target(self) -> DataFrame | None:
-        """Step 3: V_T, written; None when empty."""
+    def target(self, kind: str) -> DataFrame:
+        """Step 3: the kind's V_T (a plan)."""
         r = self.r
-        if self.from_view is not None:
+        c, e = SIDES[kind]
+        if kind == "deletion" and self.from_view is not None:
             y = sorted(self.from_view.columns)
             keys = self.from_view.select(*[F.col(quote(v)).alias(r.column_of[v]) for v in y])
-            t = r.current_view(keys, [r.column_of[v] for v in y])
-        elif self.done or self.candidate is None:
-            return None
+            t = r.current_view(keys, [r.column_of[v] for v in y], self.small)
         else:
-            cand = self.candidate if r._plus() else r._select(self.candidate, list(self.s.conditions))
+            cand = self.side(c) if r._plus() else r._select(self.side(c), list(self.s.conditions))
             t = r._as_view(cand)
-            if r.algorithm in ("NAIVE", "RIE") and self.existing is not None:
-                e = r._as_view(r._select(self.existing, list(self.s.conditions)))
-                t = anti_join(t, e.drop(C), null_safe=True)
-        written, rows = r._put(f"{self.trace.table}-{self.kind}-target", {"target": t})["target"]
-        self.trace.target = rows
-        return written if rows else None
+            if r.algorithm in ("NAIVE", "RIE") and self.has_existing[kind]:
+                existing = r._as_view(r._select(self.side(e), list(self.s.conditions)))
+                t = anti_join(t, existing.drop(C), null_safe=True)
+        self.traces[kind].target = t
+        return t

@@ -203,9 +203,9 @@ def _costs(program: Program, view: str, s: reduce.Shape | None, changed: dict[st
         counting += sum(chain)
         keyed_cost += sum(chain)
         order = reduce.join_order(s, k)
-        # insertions (half the change): candidate chain + existing chain until a Theorem 3 step; V_E^1 is
-        # the unchanged tuples agreeing with the changed ones on Y_1: about one each, all of R_1 when the
-        # reference contributes no view column (Y_1 = ∅)
+        # deletions' existing chain until a Theorem 3 step: V_E^1 is the unchanged tuples agreeing with the
+        # changed ones on Y_1, about one each, all of R_1 when the reference contributes no view column
+        # (Y_1 = ∅)
         existing, joined = 0.0, set()
         siblings = 0.0 if reduce.key_in_view(program, atom, head) else \
             d / 2 if atom.variables() & head else float(sizes.get(atom.pred, 1))
@@ -217,7 +217,8 @@ def _costs(program: Program, view: str, s: reduce.Shape | None, changed: dict[st
             existing += e
             if n + 1 < len(order):
                 e *= _fanout(program, s.atoms[order[n + 1]], joined, sizes, atom.pred)
-        ins = sum(chain) / 2 + existing
+        # (REDUCE and REDUCE+ build no existing relation for insertions: their targets are looked up in V)
+        ins = sum(chain) / 2 + d / 2
         # deletions: Theorem 3 at R_1 reads V; Theorem 4 stops where Y_i holds the view's key
         if reduce.key_in_view(program, atom, head):
             dele = d / 2
@@ -229,8 +230,9 @@ def _costs(program: Program, view: str, s: reduce.Shape | None, changed: dict[st
                     stop = n + 1
                     break
             dele = sum(chain[:stop]) / 2 + existing
-        # jobs: the change's sizes, then per kind V_C^i and V_E^i for i ≥ 2 and the target
-        reduce_cost += ins + dele + (1 + 2 * (2 * (len(order) - 1) + 1)) * JOB_ROWS
+        # jobs: both kinds' relations are one plan (ivm.maintain.reduce._Update): per step a join and an
+        # aggregate, and V_E^1's lookup and V's for the targets
+        reduce_cost += ins + dele + (2 + 2 * len(order)) * JOB_ROWS
     # a recompute: the join from the largest table, and its jobs (the joins' stages, the base layer's write)
     full = sum(_chain(program, s, max(range(len(s.atoms)), key=lambda i: sizes.get(s.atoms[i].pred, 0)),
                       float(max(sizes.get(a.pred, 1) for a in s.atoms)), sizes)) + 2 * JOB_ROWS
