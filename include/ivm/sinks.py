@@ -32,7 +32,7 @@ from py4j.protocol import Py4JJavaError
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import ArrayType, MapType, StructType
+from pyspark.sql.types import ArrayType, MapType, StructField, StructType
 
 from ivm.catalog.store import StageRecord
 from ivm.changes import delta
@@ -128,8 +128,8 @@ def small_layers(ctx: RunContext, view: str) -> tuple[list[str], StructType] | N
     """The Parquet files of the view's published layers and their Spark schema (from the files' footers)
     when delta-rs may write the view without a JVM (`state_without_jvm`); None when that takes Spark:
     ``storage.sink_without_jvm_mb`` is 0 or below the layers' size, a layer is not local, the layers'
-    schemas differ (a column added since, ivm.evolution) or a column is nested (arrays, structs and maps:
-    their Delta types would differ from Spark's in nullability alone)."""
+    columns differ (a column added since, ivm.evolution; nullability aside) or a column is nested
+    (arrays, structs and maps: their Delta types would differ from Spark's in nullability alone)."""
     import pyarrow.dataset as ds
     import pyarrow.parquet as pq
 
@@ -141,9 +141,15 @@ def small_layers(ctx: RunContext, view: str) -> tuple[list[str], StructType] | N
         return None
     files = [f for p in paths for f in ds.dataset(p, format="parquet").files]
     footers = {(pq.read_schema(f).metadata or {}).get(_SPARK_SCHEMA) for f in files}
-    if len(footers) != 1 or None in footers:
+    if None in footers:
         return None
-    schema = StructType.fromJson(json.loads(footers.pop()))
+    # (layers written by different plans may differ in a column's nullability alone, e.g. a REDUCE
+    # delta's __count: the same columns; a column is nullable if it is in any layer)
+    schemas = [StructType.fromJson(json.loads(f)) for f in footers]
+    if len({tuple((f.name, f.dataType.simpleString()) for f in s.fields) for s in schemas}) != 1:
+        return None
+    schema = StructType([StructField(f.name, f.dataType, any(s[f.name].nullable for s in schemas))
+                         for f in schemas[0].fields])
     if any(isinstance(f.dataType, ArrayType | MapType | StructType) for f in schema.fields):
         return None
     return files, schema

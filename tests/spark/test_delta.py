@@ -341,7 +341,8 @@ def test_small_views_are_written_by_delta_rs_without_a_jvm(make_project, spark, 
     rows = [(1, DAYS[0], ts, Decimal("1.50"), 0.25), (2, DAYS[1], None, None, None),
             (3, DAYS[0], ts, Decimal("1.50"), 0.25)]
     views = {"copies": {"sql": "SELECT day, ts, amount, price FROM m"},  # (rows 1 and 3 are one row twice)
-             "days": {"sql": "SELECT DISTINCT day FROM m"},
+             # (under REDUCE: its delta layers differ from its base layer in __count's nullability alone)
+             "days": {"sql": "SELECT DISTINCT day FROM m", "strategy": "reduce"},
              "per_day": {"sql": "SELECT day, max(ts) AS last, sum(amount) AS total FROM m GROUP BY day",
                          "key": ["day"]}}
     table = {"m": {"columns": {"id": "bigint", "day": "date", "ts": "timestamp", "amount": "decimal(10,2)",
