@@ -22,7 +22,7 @@ from ivm.maintain.keyed import KeyBased
 from ivm.maintain.recompute import Evaluator
 from ivm.maintain.strategy import KEYED, REDUCE, Strategy
 from ivm.stratify import Strata
-from ivm.zset import BROADCAST_BYTES, change_sizes, consolidate
+from ivm.zset import change_sizes, consolidate
 
 log = logging.getLogger(__name__)
 C = COUNT_COLUMN
@@ -80,7 +80,7 @@ class CountFree:
         r = reduce.Reducer(self.program, s, config.reduce.algorithm, config.reduce.multiple_updates, config.key,
                            self.counting.joined, lambda t: self.set_change(t) if t in changed else None,
                            old_view, self.states.scratch, self.evaluator("old"),
-                           lambda t: self.states.delta_bytes.get(t, BROADCAST_BYTES + 1) <= BROADCAST_BYTES)
+                           self.states.broadcastable)
         delta = r.run()
         # (the relations' sizes are not counted: a job each; the run's rows written are its delta's)
         detail = {"join steps": sum(len(t.steps) for t in r.traces), "relations written": r.writes}

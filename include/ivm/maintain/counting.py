@@ -56,7 +56,6 @@ from ivm.maintain.states import RunStates
 from ivm.maintain.stats import MaintainStats
 from ivm.stratify import Component, Strata
 from ivm.zset import (
-    BROADCAST_BYTES,
     anti_join,
     consolidate,
     difference,
@@ -383,8 +382,7 @@ class Counting:
             if item.negated:  # Definition 6.1 in Δ position, else an anti-join
                 return self.negation_delta(item.atom) if state == DELTA else None
             rows = self.ev.atom(item.atom, self.joined(item.atom.pred, state))
-            small = self.states.delta_bytes.get(item.atom.pred, BROADCAST_BYTES + 1) <= BROADCAST_BYTES
-            return F.broadcast(rows) if state == DELTA and small else rows
+            return F.broadcast(rows) if state == DELTA and self.states.broadcastable(item.atom.pred) else rows
         if isinstance(item, GroupBy):
             if state == DELTA:
                 return self.groupby_delta(f"{pred}__agg{r}_{j}", item)

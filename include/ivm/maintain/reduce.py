@@ -22,14 +22,15 @@ holds the view's declared key: stop at step i) shorten the work; under REDUCE an
 builds no existing relation at all: its existing relation's view tuples are V's (§5, see
 ``Reducer.update``).
 
-On Spark the steps of all chains of a run are one set-based plan, not an action per step: V_C^i and
-V_E^i are DataFrames over V_C^{i-1} and V_E^{i-1}, and the run's view change is computed by the one
-job that writes it (plus one write per further changed table, whose update reads V as the earlier ones
-left it). §3's "quit the materialized view update" when V_C^i is empty is Spark's: adaptive execution
-turns a join with an empty side into an empty relation once that side's stage ran. The relations are
-written every ``CHECKPOINT_STEPS`` joins of a longer chain, since each step's plan holds the previous
-step's two (RIC reads V_E^i into V_C^i and RIE V_C^i into V_E^i). A step's sizes are counted on demand
-(``Step.rows``: the paper's examples, ``ivm explain``), never by a refresh.
+On Spark the steps of a changed table's update are one set-based plan, not an action per step: the
+insertions' and deletions' V_C^i and V_E^i are one relation with a count per side (``_Update``), each
+step a join, an aggregate and the windows RIC and RIE need over the step before, and the run's view
+change is computed by the one job that writes it (plus one write per further changed table, whose
+update reads V as the earlier ones left it). §3's "quit the materialized view update" when V_C^i is
+empty is Spark's: adaptive execution turns a join with an empty side into an empty relation once that
+side's stage ran. A chain longer than ``CHECKPOINT_STEPS`` joins is written every that many, which
+bounds the plan Spark optimizes at once. A step's sizes are counted on demand (``Step.rows``: the
+paper's examples and their tests), never by a refresh.
 
 Changes to several tables (or to a table joined with itself) are applied one reference at a time, as
 in 000's delta rules: references before the updated one at their new state, after it at their old.
@@ -60,8 +61,8 @@ log = logging.getLogger(__name__)
 C = COUNT_COLUMN
 ALGORITHMS = ("NAIVE", "RIE", "RIC", "REDUCE", "REDUCE+")
 MULTIPLE = ("MU1", "MU2")
-#: a chain's candidate and existing relations are written after this many joins when more follow (each
-#: step's plan reads both relations of the step before: the plans would grow ~2.6× per join)
+#: an update's relation is written after this many joins when more follow (each step adds a join, an
+#: aggregate and windows to the plan Spark optimizes at once)
 CHECKPOINT_STEPS = 4
 
 

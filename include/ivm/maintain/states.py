@@ -13,7 +13,7 @@ from pyspark.sql import DataFrame
 
 from ivm.ir import Atom, BodyItem, Literal, Program
 from ivm.storage import Scratch
-from ivm.zset import one_partition, small_change
+from ivm.zset import BROADCAST_BYTES, one_partition, small_change
 
 if TYPE_CHECKING:
     from ivm.maintain.recompute import Evaluator
@@ -40,6 +40,11 @@ class RunStates:
     delta_rows: dict[str, int] = field(default_factory=dict)
     single_partition_rows: int = 0
     replaced: dict[str, str] = field(default_factory=dict)
+
+    def broadcastable(self, pred: str) -> bool:
+        """Whether this run's written delta of ``pred`` is small enough to broadcast into the joins that
+        read it (`zset.BROADCAST_BYTES`); False when it has none."""
+        return self.delta_bytes.get(pred, BROADCAST_BYTES + 1) <= BROADCAST_BYTES
 
     @property
     def small(self) -> bool:
