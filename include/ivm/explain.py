@@ -305,7 +305,9 @@ def describe_nested(program: Program, config: ProjectConfig, view: str, upstream
                              f"collection (002 §4.1)")
     owned = sorted(p for p, d in program.predicates.items() if d.role == INDEX and d.owner == view)
     for idx in owned:
-        lines.append(f"owner index {idx}: the rows of {source_relation(program, idx)} clustered by "
-                     f"{nested_column(program, idx)}; maintained from {source_relation(program, idx)}'s log in "
-                     f"every refresh, probed with the changed collection ids (002 §4.2, §4.3 step 2-1)")
+        owner = [c for c in program.predicates[idx].columns if c != nested_column(program, idx)]
+        lines.append(f"owner index {idx}: collection id {nested_column(program, idx)} -> the owning "
+                     f"{source_relation(program, idx)} rows' {', '.join(owner) or 'count'}, clustered by the "
+                     f"id; maintained from {source_relation(program, idx)}'s log in every refresh, probed with "
+                     f"the changed collection ids (002 §4.2, §4.3 step 2-1)")
     return lines

@@ -74,6 +74,17 @@ def test_hilog_collections_to_any_depth_and_owner_indexes():
     assert p.predicates["v__kid_by_toys_set"].owner == "v"
 
 
+def test_owner_index_keeps_the_collection_id_and_the_columns_read():
+    """002 §4.2: an owner index maps a collection id to its owners; of the owner's columns it keeps those
+    the view's rules read (one index per view, table and column, for all its rules)."""
+    p = program({"v": {"datalog": "v(K) :- fam_ref(_, S), S(K, _).\nv(K) :- fam_ref(I, S), S(K, _), I > 2."}})
+    assert p.predicates["v__fam_ref_by_kids_set"].columns == ["id", "kids_set"]
+    assert rules(p, "v__fam_ref_by_kids_set") == ["v__fam_ref_by_kids_set(C0, C1) :- fam_ref(C0, C1)."]
+    q = program({"v": {"datalog": "v(K) :- fam_ref(_, S), S(K, _)."}})
+    assert q.predicates["v__fam_ref_by_kids_set"].columns == ["kids_set"]
+    assert rules(q, "v") == ["v(K) :- v__fam_ref_by_kids_set(S), kid(S, K, _)."]
+
+
 def test_sql_join_on_the_nested_column_uses_the_owner_index():
     p = program({"v": {"sql": "SELECT f.id, k.name FROM fam_ref f JOIN kid k ON k.set_id = f.kids_set"},
                  "w": {"sql": "SELECT f.id, k.name FROM fam_ref f JOIN kid k ON k.set_id = f.id"}})

@@ -222,12 +222,14 @@ def index_name(owner: str, table: str, column: str) -> str:
 
 def _owner_indexes(program: Program, config: ProjectConfig, recursive: set[str]) -> None:
     """A literal over a nesting table T whose nested column is joined to its collection's id reads T
-    through the view's owner index (002 §4.2)."""
+    through the view's owner index (002 §4.2): collection id -> the owner's columns the view's rules
+    read (its other columns are not kept; counts sum over the owners that agree on the kept ones)."""
+    uses: dict[tuple[int, int], tuple[str, str, str]] = {}  # (rule, literal) -> (view, table, column)
+    kept: dict[tuple[str, str, str], set[int]] = {}  # the columns each index keeps
     for n, rule in enumerate(program.rules):
         if rule.head.pred in recursive:
             continue
-        body = list(rule.body)
-        for i, lit in enumerate(body):
+        for i, lit in enumerate(rule.body):
             if not (isinstance(lit, Literal) and not lit.negated and lit.atom.pred in config.tables):
                 continue
             table = config.tables[lit.atom.pred]
@@ -236,21 +238,40 @@ def _owner_indexes(program: Program, config: ProjectConfig, recursive: set[str])
                 id_pos = list(config.tables[ref.collection].columns).index(ref.id)
                 if isinstance(arg, Var) and any(
                         isinstance(x, Literal) and not x.negated and x.atom.pred == ref.collection
-                        and x.atom.args[id_pos] == arg for x in body):
-                    name = _index(program, program.owner(rule.head.pred), lit.atom.pred, col)
-                    body[i] = Literal(Atom(name, lit.atom.args), null_safe=lit.null_safe)
+                        and x.atom.args[id_pos] == arg for x in rule.body):
+                    key = (program.owner(rule.head.pred), lit.atom.pred, col)
+                    uses[(n, i)] = key
+                    kept.setdefault(key, {list(table.columns).index(col)}).update(_read_positions(rule, i))
                     break
+    for (n, i), (owner, table, col) in uses.items():
+        rule = program.rules[n]
+        positions = sorted(kept[(owner, table, col)])
+        name = _index(program, owner, table, col, positions)
+        lit = rule.body[i]
+        body = list(rule.body)
+        body[i] = Literal(Atom(name, tuple(lit.atom.args[p] for p in positions)), null_safe=lit.null_safe)
         program.rules[n] = Rule(rule.head, tuple(body))
 
 
-def _index(program: Program, owner: str, table: str, column: str) -> str:
+def _read_positions(rule: Rule, i: int) -> set[int]:
+    """The positions of body literal ``i`` the rule reads: a constant (it selects), a variable the head
+    or another body item uses or the literal repeats; not ``_`` nor a variable seen nowhere else."""
+    lit = rule.body[i]
+    elsewhere = _head_variables(rule.head).union(*(_item_variables(x) for j, x in enumerate(rule.body) if j != i))
+    names = [a.name for a in lit.atom.args if isinstance(a, Var)]
+    return {p for p, a in enumerate(lit.atom.args) if not isinstance(a, Var | Wildcard)
+            or isinstance(a, Var) and (a.name in elsewhere or names.count(a.name) > 1)}
+
+
+def _index(program: Program, owner: str, table: str, column: str, positions: list[int]) -> str:
     name = index_name(owner, table, column)
     if name not in program.predicates:
         t = program.predicates[table]
-        program.predicates[name] = Predicate(name, list(t.columns), "aux", "bag", owner=owner, role=INDEX,
-                                             cluster=[column, *(c for c in t.columns if c != column)])
+        columns = [t.columns[p] for p in positions]
+        program.predicates[name] = Predicate(name, columns, "aux", "bag", owner=owner, role=INDEX,
+                                             cluster=[column, *(c for c in columns if c != column)])
         args = tuple(Var(f"C{p}") for p in range(len(t.columns)))
-        program.rules.append(Rule(Atom(name, args), (Literal(Atom(table, args)),)))
+        program.rules.append(Rule(Atom(name, tuple(args[p] for p in positions)), (Literal(Atom(table, args)),)))
     return name
 
 
