@@ -1,6 +1,6 @@
 """002 §5.1's experiment on Spark: one element changed in each of many nested sets, as the sets grow.
 
-    .venv/bin/python tests/bench/nested.py [--elements 200000] [--families 100,1000,10000] [--changed 20]
+    .venv/bin/python tests/bench/nested.py [--parents 200] [--families 100,1000,10000] [--changed 20]
                                            [--out tests/bench/results/nested]
 
 002 §5.1 keeps 200,000 nested tuples in sets of about 100 ("Small Family", 2,000 parents) or about
@@ -9,8 +9,10 @@
     Nest(A, C) := base1(A, N), N(B, C), pred(B)          (pred: 50% of the B values)
 
 The paper's claim (§2.2) is that the work follows the changed elements, not the sizes of the nested sets
-they sit in. Here the total number of elements stays fixed while the family size grows (and the number
-of parents shrinks); each refresh changes the C field of one element in each of ``--changed`` sets:
+they sit in. Here the number of parents stays fixed (002's Large Family: 200) while the sets grow from
+100 to 10,000 elements (20,000 to 2,000,000 elements in all); each refresh changes the C field of one
+element in each of ``--changed`` sets, so the change is the same at every size and only the arrays
+around it grow:
 
 * **by value**: ``base1.n`` is an ``array<struct<b, c>>`` and the view explodes it. A parent update
   carries the whole before- and after-array in the log (that is the by-value representation), but the
@@ -65,11 +67,12 @@ VIEWS = {
 }
 
 
-def families(elements: int, size: int, seed: int = 7) -> dict[int, list[tuple[int, int]]]:
-    """``elements`` (b, c) pairs in sets of ``size``; b unique within a set, values in [1, elements]."""
+def families(parents: int, size: int, seed: int = 7) -> dict[int, list[tuple[int, int]]]:
+    """``parents`` sets of ``size`` (b, c) pairs; b unique within a set, values in [1, parents × size]."""
     rnd = random.Random(seed)
+    elements = parents * size
     return {a: [(b, rnd.randint(1, elements)) for b in rnd.sample(range(1, elements + 1), size)]
-            for a in range(1, elements // size + 1)}
+            for a in range(1, parents + 1)}
 
 
 def write(path: Path, rows: dict[str, list], schema: pa.Schema) -> str:
@@ -98,8 +101,8 @@ def build(form: str, size: int, args, root: Path):
         "tables": TABLES[form], "views": {"nest": {"sql": VIEWS[form], "validate": {"sample": 0}}}}, sort_keys=False))
     project = Project.open(str(folder / "ivm.yaml"))
     project.apply()
-    sets = families(args.elements, size)
-    pred = [b for b in range(1, args.elements + 1) if b % 2 == 0]  # 50% selectivity
+    sets = families(args.parents, size)
+    pred = [b for b in range(1, args.parents * size + 1) if b % 2 == 0]  # 50% selectivity
     project.load("pred", write(folder / "pred.parquet", {"b": pred}, pa.schema([("b", pa.int32())])))
     if form in ("value", "whole"):
         rows, schema = _value_rows(sets)
@@ -148,7 +151,8 @@ def change(form: str, project, sets, folder: Path, changed: int, step: int) -> i
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--elements", type=int, default=200_000, help="nested elements in all (002 §5.1: 200,000)")
+    ap.add_argument("--parents", type=int, default=200, help="nesting rows, one set each (002 §5.1's Large "
+                    "Family: 200)")
     ap.add_argument("--families", default="100,1000,10000", type=lambda s: [int(x) for x in s.split(",")],
                     help="elements per nested set (002: Small Family 100, Large Family 1,000)")
     ap.add_argument("--changed", type=int, default=20, help="sets changed per refresh, one element each")
@@ -162,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(args.work)
     root.mkdir(parents=True, exist_ok=True)
     lines = ["# 002 §5.1: one element changed in each of many nested sets", "", *[f"- {m}" for m in machine()],
-             f"- {args.elements} nested elements in all; per refresh, one element's C replaced in each of "
+             f"- {args.parents} parents, one set each; per refresh, one element's C replaced in each of "
              f"{args.changed} sets; view Nest(A, C) := base1(A, N), N(B, C), pred(B), pred 50% of B",
              "- T_inc: `ivm refresh` (trim, maintain, publish); T_full: `ivm backfill --full`; one warm session, "
              f"validation off; per configuration {args.warmup} unmeasured round(s), then {args.repeat} rounds of an "
