@@ -130,7 +130,6 @@ def test_owner_index_maps_collection_ids_to_the_owner_columns_read(make_project,
     p.load("emp", write_jsonl(tmp_path / "e.jsonl", [{"nm": "Fred", "dept": "a", "dependents": "D1"},
                                                      {"nm": "Fred", "dept": "b", "dependents": "D1"}]))
     p.load("dependent", write_jsonl(tmp_path / "d.jsonl", [{"set_id": "D1", "d_nm": "Jane", "age": 5}]))
-    p.load("health_ins", write_jsonl(tmp_path / "h.jsonl", []))
     p.refresh()
     assert as_zset(p.read_zset(idx).collect()) == {("Fred", "D1"): 2}
     assert as_zset(p.read_zset("v").collect()) == {("Fred", "Jane"): 2}
@@ -352,7 +351,7 @@ def _check(project, state) -> dict[str, dict]:
     for idx, d in program.predicates.items():
         if d.role == "index":
             table = project.read_zset(source_relation(program, idx))
-            assert set(d.columns) < set(table.columns) and d.cluster[0] in d.columns, idx
+            assert set(d.columns) < set(table.columns) - {"__count"} and d.cluster[0] in d.columns, idx
             assert as_zset(project.read_zset(idx).collect()) == as_zset(consolidate(table.select(
                 *d.columns, "__count")).collect()), idx
     return ours

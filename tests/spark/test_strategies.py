@@ -92,6 +92,15 @@ def append(project, root, n, bag_changes, keyed_changes):
                                  [k for k, _ in items]))
 
 
+def salary_raises(keyed) -> dict:
+    """Every employee's salary changed alone: each view tuple over emp is deleted by a preimage and
+    derived again by its postimage in one batch (004 §5: a deletion target an insertion derives stays),
+    whatever the drawn state."""
+    raises = [x for k, (dept, sal) in keyed["emp"].items()
+              for x in (("update_preimage", (k, dept, sal)), ("update_postimage", (k, dept, (sal or 0) + 2)))]
+    return {"emp": raises} if raises else {}
+
+
 def apply_keyed(state, changes):
     for table, items in changes.items():
         for kind, row in items:
@@ -150,14 +159,11 @@ def test_counting_keyed_and_reduce_agree_with_duckdb(make_project, tmp_path_fact
     assert {v.view: v.strategy for v in first.views} == {n: s["strategy"] for n, s in VIEWS.items()}
     batches = []
     for n in range(1, 4):
-        bag_changes = data.draw(batch({t: bags[t] for t in BAGS}), f"bag batch {n}") if n < 3 else {}
-        # the third batch updates every employee's salary alone: each view tuple over emp is deleted by
-        # a preimage and derived again by its postimage in one batch (004 §5: a deletion target an
-        # insertion derives stays), whatever the drawn state
-        keyed_changes = data.draw(keyed_batch(keyed), f"keyed batch {n}") if n < 3 else {"emp": [
-            x for k, (dept, sal) in keyed["emp"].items()
-            for x in (("update_preimage", (k, dept, sal)), ("update_postimage", (k, dept, (sal or 0) + 2)))]} \
-            if keyed["emp"] else {}
+        if n < 3:
+            bag_changes = data.draw(batch({t: bags[t] for t in BAGS}), f"bag batch {n}")
+            keyed_changes = data.draw(keyed_batch(keyed), f"keyed batch {n}")
+        else:
+            bag_changes, keyed_changes = {}, salary_raises(keyed)
         batches.append((bag_changes, keyed_changes))
         append(one, root, n, bag_changes, keyed_changes)
         apply_batch(bags, bag_changes)

@@ -76,6 +76,11 @@ def _head_variables(head: Atom) -> set[str]:
     return out
 
 
+def _variables_outside(rule: Rule, items: set[int]) -> set[str]:
+    """The variables the rule's head and its body items other than ``items`` use."""
+    return _head_variables(rule.head).union(*(_item_variables(x) for j, x in enumerate(rule.body) if j not in items))
+
+
 def _rename(tree: exp.Expression, names: dict[str, str]) -> exp.Expression:
     return tree.copy().transform(
         lambda n: exp.column(names[n.name], quoted=True) if isinstance(n, exp.Column) and not n.table
@@ -112,8 +117,7 @@ def _extract_one(program: Program, rule: Rule, defined: dict[tuple, str]) -> Rul
             names = [a.name for a in lit.atom.args if isinstance(a, Var)]
             if len(set(names)) != len(names):
                 continue  # p(X, X) selects; keep the rule as it is
-            elsewhere = _head_variables(rule.head).union(
-                *(_item_variables(x) for j, x in enumerate(rule.body) if j not in (i, k)))
+            elsewhere = _variables_outside(rule, {i, k})
             if {v.name for v in u.elements} & set(names):
                 continue  # an element equal to a parent column: rare, keep the join
             parent = program.predicates[lit.atom.pred]
@@ -257,7 +261,7 @@ def _read_positions(rule: Rule, i: int) -> set[int]:
     """The positions of body literal ``i`` the rule reads: a constant (it selects), a variable the head
     or another body item uses or the literal repeats; not ``_`` nor a variable seen nowhere else."""
     lit = rule.body[i]
-    elsewhere = _head_variables(rule.head).union(*(_item_variables(x) for j, x in enumerate(rule.body) if j != i))
+    elsewhere = _variables_outside(rule, {i})
     names = [a.name for a in lit.atom.args if isinstance(a, Var)]
     return {p for p, a in enumerate(lit.atom.args) if not isinstance(a, Var | Wildcard)
             or isinstance(a, Var) and (a.name in elsewhere or names.count(a.name) > 1)}
