@@ -4,6 +4,7 @@ Tests import them from here, never from one another."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import math
@@ -354,10 +355,17 @@ REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports on loopback (held open together while chosen, so no two are the same)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
 
 
 def zset(rows) -> Counter:
