@@ -41,6 +41,7 @@ class RunContext:
         self.warehouse.ensure()
         self._start_spark = start_spark
         self._locations: dict[str, str] = {}
+        self._schemas: dict[str, StructType] = {}
 
     @cached_property
     def spark(self) -> SparkSession:
@@ -130,7 +131,14 @@ class RunContext:
 
     def schema(self, relation: str) -> StructType:
         """A relation's columns and Spark types; a view's come from its plan over empty tables
-        (Spark analyses the plan, no job runs)."""
+        (Spark analyses the plan, no job runs). Asked for once per relation and read of it in a run
+        (thousands of times in a run of many views), so each is worked out once; a copy is returned
+        (a StructType can be added to)."""
+        if relation not in self._schemas:
+            self._schemas[relation] = self._schema(relation)
+        return StructType(list(self._schemas[relation].fields))
+
+    def _schema(self, relation: str) -> StructType:
         if relation in self.config.tables:
             _ = self.spark  # (Spark parses the types: started if a stage had not needed it yet)
             return table_schema(self.config.tables[relation])

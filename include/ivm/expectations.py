@@ -30,7 +30,7 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import cache
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -141,7 +141,7 @@ def _locked(warehouse_uri: str) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-@cache
+@lru_cache(maxsize=4)  # a process validates a project or a few; each context holds its last batches
 def _context(warehouse_uri: str):
     import great_expectations as gx
     from great_expectations.data_context.types.base import ProgressBarsConfig
