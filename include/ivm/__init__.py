@@ -1,7 +1,16 @@
 """ivm: incremental view maintenance for Apache Spark."""
 
 from ivm.errors import IvmError
-from ivm.project import Project
 
 __all__ = ["IvmError", "Project"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    """``ivm.Project`` on first use (PEP 562): a command that reads only the catalog (`ivm runs`) or a
+    DAG file imports ivm without importing Spark and the maintenance modules."""
+    if name == "Project":
+        from ivm.project import Project
+
+        return Project
+    raise AttributeError(f"module 'ivm' has no attribute {name!r}")

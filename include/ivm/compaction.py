@@ -16,9 +16,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ivm.catalog.store import PublishChange, RelationState, StageRecord
+from ivm.catalog.store import PublishChange, RelationState, StageRecord, new_id
 from ivm.config import StorageSettings
-from ivm.storage import new_id
 
 if TYPE_CHECKING:
     from ivm.context import RunContext

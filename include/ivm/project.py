@@ -12,6 +12,7 @@ from ivm import compaction, evolution, explain, gc, sinks
 from ivm.aggregates import used_by
 from ivm.catalog import Catalog
 from ivm.catalog.models import Run, utcnow
+from ivm.catalog.store import new_id
 from ivm.changes import delta, ingest, quarantine
 from ivm.config import COUNT_COLUMN, ProjectConfig, TableConfig, ViewConfig, load_project
 from ivm.context import RunContext
@@ -20,7 +21,7 @@ from ivm.ir import Program
 from ivm.maintain import strategy
 from ivm.modes import Mode
 from ivm.refresh import RefreshResult, refresh
-from ivm.storage import Warehouse, new_id
+from ivm.storage import Warehouse
 from ivm.stratify import Strata
 from ivm.validate import ViewCheck, ViewState, check_views
 

@@ -17,11 +17,9 @@ import hashlib
 import logging
 import math
 import threading
-import uuid
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
@@ -29,28 +27,12 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StructField, StructType
 
+from ivm.catalog.store import WrittenLayer, new_id
 from ivm.changes import delta
 from ivm.config import COUNT_COLUMN
 from ivm.zset import BROADCAST_BYTES, consolidate, consolidate_onto, union_all
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class WrittenLayer:
-    """A layer's files, written but not yet committed to the catalog."""
-
-    id: str
-    relation: str
-    kind: str  # base | delta
-    path: str
-    rows: int | None
-    bytes: int | None
-
-
-def new_id(prefix: str = "") -> str:
-    """A sortable unique name: UTC time, then random bits."""
-    return f"{prefix}{datetime.now(UTC).strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:12]}"
 
 
 class Warehouse:

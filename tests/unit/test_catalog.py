@@ -8,9 +8,8 @@ from sqlalchemy import inspect
 
 from ivm.catalog import Catalog
 from ivm.catalog.models import utcnow
-from ivm.catalog.store import PublishChange, StageRecord, mask_url
+from ivm.catalog.store import PublishChange, StageRecord, WrittenLayer, mask_url
 from ivm.errors import CatalogError, ChangeDataError, LeaseError
-from ivm.storage import WrittenLayer
 
 TABLE = {"columns": {"a": "INT"}, "key": ["a"], "unique_keys": [], "references": {}}
 

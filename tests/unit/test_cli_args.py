@@ -1,7 +1,11 @@
 """The command line's arguments, without a project: `ivm --version`, and `--version N` of
-`ivm log quarantine`/`restore` (a subcommand's own option, not the program's)."""
+`ivm log quarantine`/`restore` (a subcommand's own option, not the program's); and what `ivm runs`
+imports."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
 
 import pytest
 
@@ -19,3 +23,23 @@ def test_a_commit_version_is_the_subcommands():
     args = parse_args(["log", "quarantine", "acct", "--version", "3", "--reason", "late insert"])
     assert (args.table, args.version, args.reason) == ("acct", 3, "late insert")
     assert parse_args(["log", "restore", "acct", "--version", "3"]).version == 3
+
+
+RUNS = """
+import sys
+from ivm.cli import main
+code = main(["--project", sys.argv[1], "runs"])
+heavy = sorted(m for m in ("pyspark", "pyarrow", "ivm.project", "ivm.storage") if m in sys.modules)
+print("heavy:", heavy)
+sys.exit(code)
+"""
+
+
+def test_runs_reads_the_catalog_without_importing_spark(tmp_path):
+    """`ivm runs` answers from the catalog alone (#49 item 4): in a fresh interpreter it imports neither
+    Spark nor pyarrow nor the modules that maintain views."""
+    (tmp_path / "ivm.yaml").write_text("warehouse: ./warehouse\ntables:\n  t:\n    columns: {k: string}\n")
+    done = subprocess.run([sys.executable, "-c", RUNS, str(tmp_path / "ivm.yaml")], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "no runs yet" in done.stdout and "heavy: []" in done.stdout, done.stdout

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from ivm.catalog.store import StageRecord
+from ivm.catalog.store import StageRecord, WrittenLayer
 from ivm.errors import ConfigError
 from ivm.explain import choose
 from ivm.maintain.crossover import Estimate
@@ -14,7 +14,6 @@ from ivm.maintain.strategy import COUNTING, KEYED, REDUCE, REGISTRY, Form, looku
 from ivm.modes import Mode
 from ivm.refresh.plan import DEFINITION_CHANGED, RULES, ViewFacts, recompute_reason
 from ivm.refresh.record import Plan, Replay, TableDelta, ViewWork
-from ivm.storage import WrittenLayer
 from ivm.stratify import stratify
 from tests.helpers import PROGRAM, PROJECT
 

@@ -8,6 +8,7 @@ is still at the version the run read, so a run that lost its lease can never ove
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -37,7 +38,6 @@ from ivm.catalog.models import (
     utcnow,
 )
 from ivm.errors import CatalogError, ChangeDataError, LeaseError, NotFoundError, one_line
-from ivm.storage import WrittenLayer, new_id
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +102,23 @@ class SegmentRef:
     appended_at: datetime
     #: where its keys fall (`ivm.changes.trim.segment_bounds`), or None when not known
     key_bounds: dict | None = None
+
+
+@dataclass(frozen=True)
+class WrittenLayer:
+    """A layer's files, written (ivm.storage) but not yet committed to the catalog."""
+
+    id: str
+    relation: str
+    kind: str  # base | delta
+    path: str
+    rows: int | None
+    bytes: int | None
+
+
+def new_id(prefix: str = "") -> str:
+    """A sortable unique name: UTC time, then random bits."""
+    return f"{prefix}{datetime.now(UTC).strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:12]}"
 
 
 @dataclass(frozen=True)

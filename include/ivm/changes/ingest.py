@@ -20,12 +20,12 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from ivm.catalog import Catalog
-from ivm.catalog.store import PublishChange, SegmentRef, StageRecord
+from ivm.catalog.store import PublishChange, SegmentRef, StageRecord, new_id
 from ivm.changes.reader import BAD, RAW, SEQ, check_path, describe_row, read_cdf, read_debezium, read_snapshot
 from ivm.changes.trim import segment_bounds
 from ivm.config import CHANGE_TYPE, COMMIT_VERSION, COUNT_COLUMN, TableConfig
 from ivm.errors import ChangeDataError
-from ivm.storage import Warehouse, new_id
+from ivm.storage import Warehouse
 from ivm.zset import SKIP_MIN_ROWS
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from pyspark.sql import DataFrame
 
-from ivm.catalog.store import LayerRef
+from ivm.catalog.store import LayerRef, WrittenLayer
 from ivm.changes import delta
 from ivm.context import RunContext
 from ivm.errors import NotFoundError, RunError
@@ -24,7 +24,7 @@ from ivm.modes import Mode
 from ivm.refresh.plan import load_plan, old_layer_refs
 from ivm.refresh.record import CatchUp, Plan, ViewWork
 from ivm.spark import adaptive
-from ivm.storage import Scratch, WrittenLayer
+from ivm.storage import Scratch
 from ivm.zset import consolidate, difference
 
 Progress = Callable[[str], None]

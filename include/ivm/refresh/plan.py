@@ -15,7 +15,7 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ivm.catalog.store import LayerRef, aware
+from ivm.catalog.store import LayerRef, aware, new_id
 from ivm.changes import delta
 from ivm.context import RunContext
 from ivm.errors import ConfigError, NotFoundError, RunError
@@ -26,7 +26,6 @@ from ivm.maintain.dred import RuleChange, rule_change
 from ivm.maintain.strategy import COUNTING, lookup, stored_form
 from ivm.modes import Mode
 from ivm.refresh.record import CatchUp, Plan, Replay, TableDelta, ViewWork, layer_json
-from ivm.storage import new_id
 
 
 @dataclass

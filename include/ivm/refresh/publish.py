@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 
 from ivm import compaction, sinks
-from ivm.catalog.store import PublishChange, aware
+from ivm.catalog.store import PublishChange, WrittenLayer, aware, new_id
 from ivm.changes import delta
 from ivm.context import RunContext
 from ivm.errors import RunError, ValidationError
@@ -16,7 +16,6 @@ from ivm.modes import Mode
 from ivm.refresh.plan import load_plan
 from ivm.refresh.record import RefreshResult
 from ivm.sinks import SinkWrite
-from ivm.storage import WrittenLayer, new_id
 
 Progress = Callable[[str], None]
 

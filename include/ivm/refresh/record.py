@@ -12,10 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ivm.catalog.store import LayerRef, QuarantineRef, StageRecord
+from ivm.catalog.store import LayerRef, QuarantineRef, StageRecord, WrittenLayer
 from ivm.maintain.dred import RuleChange
 from ivm.modes import Mode
-from ivm.storage import WrittenLayer
 
 
 def layer_json(layer: WrittenLayer | LayerRef, relation: str | None = None) -> dict[str, Any]:

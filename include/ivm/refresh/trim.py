@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from pyspark.util import inheritable_thread_target
 
-from ivm.catalog.store import QuarantineRef
+from ivm.catalog.store import QuarantineRef, WrittenLayer
 from ivm.changes import delta
 from ivm.changes.ingest import has_update_images, read_log
 from ivm.changes.trim import NetDelta, log_bounds, trim
@@ -20,7 +20,7 @@ from ivm.modes import Mode
 from ivm.refresh.plan import load_plan
 from ivm.refresh.record import Plan, TableDelta
 from ivm.spark import adaptive
-from ivm.storage import Scratch, WrittenLayer
+from ivm.storage import Scratch
 from ivm.zset import consolidate, negate, small_change
 
 Progress = Callable[[str], None]
