@@ -41,8 +41,7 @@ def _open(args):
 
 def _catalog(args):
     """The project's catalog alone, for a command that reads only what it records (`ivm runs`): the
-    project file is read and checked, but nothing of Spark or the warehouse is imported (#49: ~1 s
-    instead of ~3 s of imports)."""
+    project file is read and checked, but nothing of Spark or the warehouse is imported (#49 item 4)."""
     from ivm.catalog import Catalog
     from ivm.config import load_project
 
