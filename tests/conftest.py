@@ -5,6 +5,7 @@ set — `.ci/run` sets it; in CI its absence is an error, not a skip)."""
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 from pathlib import Path
 
@@ -48,8 +49,6 @@ def _release_jvm_caches():
     ran out of heap building a small broadcast after ~25 minutes (measured: test_delta alone leaves
     36 persisted snapshot states and ~110 MB of heap that this frees)."""
     yield
-    import sys
-
     if "pyspark.sql" not in sys.modules:  # a module that started no Spark
         return
     from pyspark.sql import SparkSession

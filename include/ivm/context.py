@@ -131,9 +131,9 @@ class RunContext:
 
     def schema(self, relation: str) -> StructType:
         """A relation's columns and Spark types; a view's come from its plan over empty tables
-        (Spark analyses the plan, no job runs). Asked for once per relation and read of it in a run
-        (thousands of times in a run of many views), so each is worked out once; a copy is returned
-        (a StructType can be added to)."""
+        (Spark analyses the plan, no job runs). A run asks for it each time it reads a relation
+        (thousands of times in a run of many views), so each is worked out once per context; a copy is
+        returned (a StructType can be added to)."""
         if relation not in self._schemas:
             self._schemas[relation] = self._schema(relation)
         return StructType(list(self._schemas[relation].fields))

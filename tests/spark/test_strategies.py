@@ -94,8 +94,8 @@ def append(project, root, n, bag_changes, keyed_changes):
 
 def salary_raises(keyed) -> dict:
     """Every employee's salary changed alone: each view tuple over emp is deleted by a preimage and
-    derived again by its postimage in one batch (004 §5: a deletion target an insertion derives stays),
-    whatever the drawn state."""
+    derived again by its postimage in one batch (004 §5: a deletion target an insertion derives stays);
+    it has tuples to re-derive as long as employees in departments remain (`joined_employees`)."""
     raises = [x for k, (dept, sal) in keyed["emp"].items()
               for x in (("update_preimage", (k, dept, sal)), ("update_postimage", (k, dept, (sal or 0) + 2)))]
     return {"emp": raises} if raises else {}
