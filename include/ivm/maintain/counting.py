@@ -93,6 +93,13 @@ def ephemeral(program: Program, strata: Strata) -> set[str]:
             and isinstance(uses[p][0], GroupBy) and GroupByState.self_maintainable(uses[p][0])}
 
 
+def weighted(program: Program, strata: Strata) -> set[str]:
+    """The `ephemeral` predicates whose GROUPBY is linear (`GroupByState.linear`): a full evaluation may
+    feed them unconsolidated tables (ivm.maintain.recompute.Evaluator's ``weighted``)."""
+    groupbys = {item.atom.pred: item for rule in program.rules for item in rule.body if isinstance(item, GroupBy)}
+    return {p for p in ephemeral(program, strata) if GroupByState.linear(groupbys[p])}
+
+
 def view_predicates(program: Program, strata: Strata, view: str) -> list[str]:
     """The view's own predicates (its auxiliary ones, then itself) in evaluation order."""
     own = [p for p, d in program.predicates.items() if d.kind == "aux" and d.owner == view] + [view]
@@ -138,8 +145,8 @@ def materialize(ev: Evaluator, states: dict[str, GroupByState], view: str):
             continue
         for name, _, g in groupby_subgoals(ev.program, pred):
             st = states[name]
-            rows = ev.atom(g.atom)  # the grouped relation as used: positive counts (Evaluator.grouped_only)
-            yield name, st.full(rows)
+            rows = ev.atom(g.atom)  # the grouped relation as used (Evaluator.grouped_only, Evaluator.weighted)
+            yield name, st.full(rows, weighted=g.atom.pred in ev.weighted)
             for var in st.distinct_args():
                 yield st.distinct_name(var), st.distinct_rows(rows, var)
         yield pred, ev.relation(pred)

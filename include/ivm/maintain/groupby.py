@@ -36,7 +36,7 @@ SQL returns one row for an aggregate over no rows.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import reduce
 
@@ -111,6 +111,16 @@ class GroupByState:
         not incrementally computable (recomputed from U)."""
         return all(kind(a) in GroupByState.SELF_MAINTAINABLE for a in g.aggregates)
 
+    #: aggregate kinds whose decomposed functions are sums over U's rows weighted by their counts
+    LINEAR = frozenset({"star", "count", "sum", "avg", "variance"})
+
+    @staticmethod
+    def linear(g: GroupBy) -> bool:
+        """Whether every decomposed function of the subgoal is a sum of U's rows weighted by their counts,
+        so its state follows from U as an unconsolidated Z-set: tuples that cancel add nothing to the sums
+        (000 §3: counts add up under ⊎; a join's multiply, so its result is as linear in each input)."""
+        return all(kind(a) in GroupByState.LINEAR and not a.windows for a in g.aggregates)
+
     @property
     def by(self) -> list[str]:
         return [v.name for v in self.subgoal.by]
@@ -136,11 +146,22 @@ class GroupByState:
 
     # -- full computation -----------------------------------------------------------------------------
 
-    def full(self, rows: DataFrame) -> DataFrame:
+    def full(self, rows: DataFrame, weighted: bool = False) -> DataFrame:
         """The state of every group from U's rows (variables + ``__count``, all positive; consolidated or
-        not: equal rows add up in the groups either way)."""
-        state = self._partial(rows)  # over positive counts: the decomposed functions of every group
-        plain = with_windows(expand(rows), self.aggregates)
+        not: equal rows add up in the groups either way), in one aggregation over one scan of U.
+
+        ``weighted`` (a `linear` subgoal's): ``rows`` is U as an unconsolidated Z-set, negative counts
+        included (its tables' layers as stored, ivm.maintain.recompute.Evaluator.weighted): the state is
+        Algorithm 6.1's partial over all of U, as over a Δ(U) that starts from no group, and T's values
+        follow from it as an incremental refresh computes them (`_value`) — no consolidation of U, no
+        second pass over its rows as a bag."""
+        if weighted:
+            state = self._partial(rows)
+            if self.by:  # a group all of whose rows cancel is no group; the global one always has its row
+                state = state.where(F.col(ROWS) > 0)
+            state = state.select("*", *[self._value(a).alias(a.var.name) for a in self.aggregates])
+            return state.select(*[F.col(quote(b)) for b in self.by], *[F.col(quote(c)) for c in self.columns()],
+                                F.lit(1).cast("long").alias(C))
         # T's values as the full evaluation computes them (Spark's own aggregates over the bag), kept in
         # the state so that a later (T_ȳ, -1) cancels exactly the tuple emitted now; and the DISTINCT
         # decompositions, over the bag too (an inductive aggregate's value is final(state), its state the
@@ -152,9 +173,16 @@ class GroupByState:
                 extra += [F.count_distinct(x).cast("long").alias(f"{a.var.name}__n")]
                 if a.func != "count":
                     extra.append(F.sum_distinct(x).alias(f"{a.var.name}__s"))
-        if extra:
-            grouped = plain.groupBy(*[F.col(quote(b)) for b in self.by]).agg(*extra) if self.by else plain.agg(*extra)
-            state = _join_groups(state, grouped, self.by, "left") if self.by else state.crossJoin(grouped)
+        # the decomposed functions over the same bag, one row each (`_partial`'s unit form: Spark computes
+        # count(x), sum(x), min(x) once where T's values call them too), cast to the types Algorithm 6.1's
+        # weighted sums over Δ(U) have (the plan over U analysed, no job). A partial aggregate and the
+        # values apart would be two scans of U and a join (#49: a full refresh reads each input once).
+        weighted = {f.name: f.dataType for f in self._partial(rows).schema.fields}
+        bag = with_windows(expand(rows), self.aggregates)
+        state = self._partial(bag, unit=True, extra=extra)
+        state = state.select(*[F.col(quote(f.name)) if f.name not in weighted or f.dataType == weighted[f.name]
+                               else F.col(quote(f.name)).cast(weighted[f.name]).alias(f.name)
+                               for f in state.schema.fields])
         state = state.select("*", *[self._value(a).alias(a.var.name) for a in self.aggregates if _inductive(a)])
         return state.select(*[F.col(quote(b)) for b in self.by], *[F.col(quote(c)) for c in self.columns()],
                             F.lit(1).cast("long").alias(C))
@@ -260,27 +288,33 @@ class GroupByState:
         return (self.full(new_rows(None)).drop(C)
                 .crossJoin(flagged.select(F.lit(1).alias("__f")).limit(1)).drop("__f"))
 
-    def _partial(self, rows: DataFrame) -> DataFrame:
+    def _partial(self, rows: DataFrame, unit: bool = False, extra: Sequence[Column] = ()) -> DataFrame:
         """Per group, the rows' contribution to each decomposed function (Δ(U)'s, or all of U's in
-        ``full``); ``__del`` is the extreme among deleted values (negative counts).
+        ``full``); ``__del`` is the extreme among deleted values (negative counts). ``unit``: ``rows`` is a
+        bag, each row once (`full`'s), so COUNT, SUM, MIN and MAX are Spark's own calls over it — the
+        same values as the weighted sums, and computed once with an equal call among ``extra`` (more
+        columns of the same aggregation: Spark deduplicates its aggregate expressions).
 
         Each column is one SQL expression (`_expr`): built from Column functions it took ~20 py4j round
         trips to the JVM (three per function), 150 for Q1's eight aggregates, on every refresh."""
-        c = quote(C)
-        cols: list[Column] = [_expr(f"CAST(coalesce(sum({c}), 0) AS BIGINT)", ROWS)]
+        c = "CAST(1 AS BIGINT)" if unit else quote(C)
+        cols: list[Column] = [_expr("count(1)" if unit else f"CAST(coalesce(sum({c}), 0) AS BIGINT)", ROWS)]
         for a in self.aggregates:
             k, v = kind(a), a.var.name
             x = f"({a.arg})" if a.arg is not None else None
             if k in ("count", "sum", "avg", "variance", "min", "max"):
-                cols.append(_expr(f"CAST(coalesce(sum(CASE WHEN {x} IS NOT NULL THEN {c} ELSE 0 END), 0) AS BIGINT)",
+                cols.append(_expr(f"count({x})" if unit else
+                                  f"CAST(coalesce(sum(CASE WHEN {x} IS NOT NULL THEN {c} ELSE 0 END), 0) AS BIGINT)",
                                   f"{v}__n"))
             if k in ("sum", "avg"):
-                cols.append(_expr(f"sum({x} * {c})", f"{v}__s"))
+                # (a row counted once adds x as it is: a wide DECIMAL product per row cost Q1's full
+                # refresh a quarter of its time; the IF's type is the product's, so the state's is unchanged)
+                cols.append(_expr(f"sum({x})" if unit else f"sum(IF({c} = 1, {x}, {x} * {c}))", f"{v}__s"))
             if k == "variance":
                 d = f"CAST({x} AS DOUBLE)"
                 cols += [_expr(f"sum({d} * {c})", f"{v}__s"), _expr(f"sum({d} * {d} * {c})", f"{v}__q")]
             if k in ("min", "max"):
-                cols += [_expr(f"{k}(CASE WHEN {c} > 0 THEN {x} END)", f"{v}__m"),
+                cols += [_expr(f"{k}({x})" if unit else f"{k}(CASE WHEN {c} > 0 THEN {x} END)", f"{v}__m"),
                          _expr(f"{k}(CASE WHEN {c} < 0 THEN {x} END)", f"{v}__del")]
             if _inductive(a):  # the inserted values' state; the deleted values (or how many were deleted)
                 values = "array_sort(flatten(collect_list(CASE WHEN {c} {sign} 0 AND {x} IS NOT NULL " \
@@ -290,6 +324,7 @@ class GroupByState:
                 cols.append(_expr(values.format(c=c, x=x, sign="<", abs="-"), f"{v}__dels") if k == "inductive" else
                             _expr(f"CAST(coalesce(sum(CASE WHEN {c} < 0 AND {x} IS NOT NULL THEN -{c} END), 0) "
                                   "AS BIGINT)", f"{v}__ndel"))
+        cols += extra
         return rows.groupBy(*[F.col(quote(b)) for b in self.by]).agg(*cols) if self.by else rows.agg(*cols)
 
     def _distinct_names(self, var: str) -> list[str]:

@@ -70,16 +70,25 @@ class Evaluator:
     bag predicates whose rows only a GROUPBY reads (counting.ephemeral), left unconsolidated — for
     relations given consolidated with positive counts (a full refresh's states), where every derived
     count is positive too and grouping the rows adds their counts up anyway: consolidating them would
-    shuffle every row of a join or projection by all its columns for nothing.
+    shuffle every row of a join or projection by all its columns for nothing. ``weighted``: those of them
+    whose GROUPBY is linear (`GroupByState.linear`) read the tables in ``layers`` — each table's layers
+    as stored, unconsolidated — instead of their consolidated states: their rules join, filter and
+    project, all linear in each input (000 §3), so the rows' counts add up to what the consolidated
+    tables give as used (a bag's counts; a keyed table, a set, holds each key once with count 1: the
+    trim and the load refuse a second), and the GROUPBY sums them weighted (`GroupByState.full`): a full
+    refresh of a SUM or AVG over a table with delta layers scans its layers once, grouping no tuples.
     """
 
     def __init__(self, program: Program, strata: Strata, relations: Mapping[str, DataFrame],
                  scratch: Scratch | None = None, limits: Mapping[str, int] | None = None, plans_only: bool = False,
-                 grouped_only: frozenset[str] = frozenset()):
+                 grouped_only: frozenset[str] = frozenset(), weighted: frozenset[str] = frozenset()):
         self.program = program
         self.strata = strata
         self.relations: dict[str, DataFrame] = dict(relations)
         self.grouped_only = grouped_only
+        self.weighted = weighted
+        #: tables as their layers' unconsolidated union, read by the ``weighted`` predicates' rules
+        self.layers: dict[str, DataFrame] = {}
         self._scratch = scratch
         self.limits = dict(limits or {})
         self.plans_only = plans_only
@@ -107,7 +116,8 @@ class Evaluator:
                 results = fixpoint.plans(self, component) if self.plans_only else fixpoint.evaluate(self, component)
                 self.relations.update(results)
                 return self.relations[pred]
-            frames = [self.rule(r) for r in self.program.rules_for(pred)]
+            frames = [self.rule(r, self._layered if pred in self.weighted else None)
+                      for r in self.program.rules_for(pred)]
             # an extraction function (002 §2.2) is joined as it comes: consolidating every element of
             # every collection would be a shuffle of the whole extension for nothing (joins distribute)
             self.relations[pred] = union_all(frames) if p.kind == "extraction" or pred in self.grouped_only else \
@@ -146,7 +156,10 @@ class Evaluator:
         the grouped relation as used, consolidated (default: this evaluator's, or T as computed already)."""
         if source is None and g in self.groupby_tables:
             return self.groupby_tables[g]
-        rows = with_windows(expand(self.atom(g.atom, source)), g.aggregates)
+        rows = self.atom(g.atom, source)
+        if source is None and g.atom.pred in self.weighted:  # (unconsolidated: its tables' layers)
+            rows = consolidate(rows, [c for c in rows.columns if c != C])
+        rows = with_windows(expand(rows), g.aggregates)
         aggs = [F.expr(a.call()).alias(a.var.name) for a in g.aggregates]
         grouped = rows.groupBy(*[F.col(quote(v.name)) for v in g.by]).agg(*aggs) if g.by else rows.agg(*aggs)
         return grouped.withColumn(C, F.lit(1).cast("long"))
@@ -170,6 +183,12 @@ class Evaluator:
         if isinstance(item, Literal):
             return None if item.negated else self.atom(item.atom)
         return self.groupby(item) if isinstance(item, GroupBy) else self.setof(item)
+
+    def _layered(self, index: int, item: BodyItem) -> DataFrame | None:
+        """A body item of a ``weighted`` predicate's rule: a table as its layers, else as `subgoal`."""
+        if isinstance(item, Literal) and not item.negated and item.atom.pred in self.layers:
+            return self.atom(item.atom, self.layers[item.atom.pred])
+        return self.subgoal(index, item)
 
     def absent(self, index: int, item: Literal, df: DataFrame) -> DataFrame:
         """``not p(...)``: the tuples of ``df`` with no match in p."""

@@ -16,7 +16,7 @@ from ivm.changes import delta
 from ivm.context import RunContext
 from ivm.errors import NotFoundError, RunError
 from ivm.maintain.count_free import CountFree
-from ivm.maintain.counting import Counting, ephemeral, materialize, view_predicates
+from ivm.maintain.counting import Counting, ephemeral, materialize, view_predicates, weighted
 from ivm.maintain.recompute import Evaluator, as_used
 from ivm.maintain.states import RunStates
 from ivm.maintain.strategy import lookup
@@ -65,7 +65,8 @@ class Maintenance:
             if t.updated_keys is not None:
                 self.counting.updated_keys[t.table] = t.updated_keys
         self.full = Evaluator(program, strata, {}, scratch=scratch, limits=ctx.max_iterations,
-                              grouped_only=frozenset(ephemeral(program, strata)))  # (given: consolidated states)
+                              grouped_only=frozenset(ephemeral(program, strata)),  # (given: consolidated states)
+                              weighted=frozenset(weighted(program, strata)))
         self.count_free = CountFree(program, strata, self.counting)
         for work in p.views:  # what earlier stages staged: the views of lower strata
             if work.maintained:
@@ -79,15 +80,27 @@ class Maintenance:
         self.written[name] = layer
         return layer.path, layer.bytes or 0, layer.rows or 0
 
+    def new_layers(self, name: str) -> list[LayerRef]:
+        """The layers ``name`` has after this run: its published ones and this run's delta layer."""
+        st = self.states
+        return self.old.get(name, []) + ([LayerRef("", "delta", st.delta_paths[name], None, st.delta_bytes[name])]
+                                         if name in st.delta_paths else [])
+
     def new_state(self, name: str) -> DataFrame:
         """``name`` after this run, consolidated: the base layer a full recompute wrote, or its old layers
         and this run's delta (`Warehouse.read_consolidated`)."""
         states, ctx = self.states, self.ctx
         if name in states.replaced:  # a base layer: consolidated as written
             return states.new(name)
-        layers = self.old.get(name, []) + ([LayerRef("", "delta", states.delta_paths[name], None,
-                                                     states.delta_bytes[name])] if name in states.delta_paths else [])
-        return ctx.warehouse.read_consolidated(ctx.spark, layers, ctx.schema(name), ctx.cluster_columns(name))
+        return ctx.warehouse.read_consolidated(ctx.spark, self.new_layers(name), ctx.schema(name),
+                                               ctx.cluster_columns(name))
+
+    def new_rows(self, name: str) -> DataFrame:
+        """``name`` after this run as its layers' union, unconsolidated (one scan: Evaluator.layers)."""
+        states, ctx = self.states, self.ctx
+        if name in states.replaced:
+            return states.new(name)
+        return ctx.warehouse.read_layers(ctx.spark, [x.path for x in self.new_layers(name)], ctx.schema(name))
 
     def absorb(self, work: ViewWork) -> None:
         """Make a view maintained by an earlier stage visible to the views above it: its new state, and
@@ -190,6 +203,8 @@ class Maintenance:
             for name in strata.upstream(work.view) - set(full.relations) - own:
                 if program.predicates[name].kind in ("base", "view"):  # (extractions: from their tables)
                     full.relations[name] = self.new_state(name)
+                if program.predicates[name].kind == "base":  # (a keyed table's tuples count 1: as used, a set)
+                    full.layers[name] = self.new_rows(name)
             for name, df in materialize(full, ctx.groupby_states, work.view):
                 if strategy.count_free:
                     if name != work.view:
