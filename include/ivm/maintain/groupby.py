@@ -177,11 +177,11 @@ class GroupByState:
         # count(x), sum(x), min(x) once where T's values call them too), cast to the types Algorithm 6.1's
         # weighted sums over Δ(U) have (the plan over U analysed, no job). A partial aggregate and the
         # values apart would be two scans of U and a join (#49: a full refresh reads each input once).
-        weighted = {f.name: f.dataType for f in self._partial(rows).schema.fields}
+        types = {f.name: f.dataType for f in self._partial(rows).schema.fields}
         bag = with_windows(expand(rows), self.aggregates)
         state = self._partial(bag, unit=True, extra=extra)
-        state = state.select(*[F.col(quote(f.name)) if f.name not in weighted or f.dataType == weighted[f.name]
-                               else F.col(quote(f.name)).cast(weighted[f.name]).alias(f.name)
+        state = state.select(*[F.col(quote(f.name)) if f.name not in types or f.dataType == types[f.name]
+                               else F.col(quote(f.name)).cast(types[f.name]).alias(f.name)
                                for f in state.schema.fields])
         state = state.select("*", *[self._value(a).alias(a.var.name) for a in self.aggregates if _inductive(a)])
         return state.select(*[F.col(quote(b)) for b in self.by], *[F.col(quote(c)) for c in self.columns()],
