@@ -6,7 +6,8 @@ table of dates, timestamps, decimals and doubles — inserts, deletes, key-prese
 duplicate rows, the deletion of a region's largest amount and of whole regions (groups emptied, their
 rows cancelling across layers) — and after every ``--mode full`` refresh (validation on, no compaction:
 the layers pile up) each view must equal the Evaluator's recomputation and DuckDB's result of the same
-SQL. A keyed table (a set: each key once) goes the same way through its updates.
+SQL; a last batch is then maintained incrementally from the states those refreshes wrote. A keyed table
+(a set: each key once) goes the same way through its updates.
 """
 
 from __future__ import annotations
@@ -97,6 +98,13 @@ def test_full_refreshes_over_layers_match_recompute_and_duckdb(make_project, tmp
         assert {v.mode for v in result.views} == {Mode.FULL}
         check(p, state)
     assert len(p.catalog.state("sales").layers) >= 2  # (what the refreshes read: a base layer and deltas)
+    # the states those refreshes wrote are what an incremental refresh maintains next
+    changes = data.draw(sales_batch(state, ids, ("amount", lambda r: r["amount"])), "batch 4")
+    apply_sales(state, changes)
+    if changes:
+        p.append("sales", write_sales(root / "sales-4.parquet", [r for _, r in changes], [k for k, _ in changes]))
+    assert {v.mode for v in p.refresh(mode="incremental").views} <= {Mode.INCREMENTAL, Mode.NOOP}
+    check(p, state)
 
 
 def test_a_keyed_table_through_its_updates(make_project, tmp_path):

@@ -74,6 +74,16 @@ C = COUNT_COLUMN
 # -- the relations a view stores ----------------------------------------------------------------------
 
 
+def _uses(program: Program) -> dict[str, list[BodyItem]]:
+    """Each predicate's uses in the program's rule bodies: the atoms, GROUPBY and setof subgoals over it."""
+    uses: dict[str, list[BodyItem]] = {}
+    for rule in program.rules:
+        for item in rule.body:
+            if isinstance(item, Literal | GroupBy | SetOf):
+                uses.setdefault(item.atom.pred, []).append(item)
+    return uses
+
+
 def ephemeral(program: Program, strata: Strata) -> set[str]:
     """Auxiliary predicates that are not stored: bag predicates outside recursion whose one use in the
     program is a GROUPBY subgoal that maintains every aggregate from Δ(U) and its stored state alone
@@ -82,11 +92,7 @@ def ephemeral(program: Program, strata: Strata) -> set[str]:
     result before its GROUP BY, as large as the join) would be written and kept for nothing: the full
     evaluation computes U inside the state's plan, a refresh passes Δ(U) to the state as a plan (dbt's
     "ephemeral" models: inlined into what reads them)."""
-    uses: dict[str, list[BodyItem]] = {}
-    for rule in program.rules:
-        for item in rule.body:
-            if isinstance(item, Literal | GroupBy | SetOf):
-                uses.setdefault(item.atom.pred, []).append(item)
+    uses = _uses(program)
     recursive = {p for c in strata.components if c.recursive for p in c.predicates}
     return {p for p, d in program.predicates.items()
             if d.kind == "aux" and d.semantics == "bag" and p not in recursive and len(uses.get(p, [])) == 1
@@ -94,10 +100,10 @@ def ephemeral(program: Program, strata: Strata) -> set[str]:
 
 
 def weighted(program: Program, strata: Strata) -> set[str]:
-    """The `ephemeral` predicates whose GROUPBY is linear (`GroupByState.linear`): a full evaluation may
-    feed them unconsolidated tables (ivm.maintain.recompute.Evaluator's ``weighted``)."""
-    groupbys = {item.atom.pred: item for rule in program.rules for item in rule.body if isinstance(item, GroupBy)}
-    return {p for p in ephemeral(program, strata) if GroupByState.linear(groupbys[p])}
+    """The `ephemeral` predicates whose GROUPBY (their one use) is linear (`GroupByState.linear`): a full
+    evaluation may feed them unconsolidated tables (ivm.maintain.recompute.Evaluator's ``weighted``)."""
+    uses = _uses(program)
+    return {p for p in ephemeral(program, strata) if GroupByState.linear(uses[p][0])}
 
 
 def view_predicates(program: Program, strata: Strata, view: str) -> list[str]:

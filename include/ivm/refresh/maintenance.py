@@ -203,7 +203,7 @@ class Maintenance:
             for name in strata.upstream(work.view) - set(full.relations) - own:
                 if program.predicates[name].kind in ("base", "view"):  # (extractions: from their tables)
                     full.relations[name] = self.new_state(name)
-                if program.predicates[name].kind == "base":  # (a keyed table's tuples count 1: as used, a set)
+                if full.weighted and program.predicates[name].kind == "base":  # (a keyed table's count 1 each)
                     full.layers[name] = self.new_rows(name)
             for name, df in materialize(full, ctx.groupby_states, work.view):
                 if strategy.count_free:
