@@ -145,9 +145,14 @@ def cmd_show(args) -> int:
 
     project = _open(args)
     limit = args.limit if args.limit is not None else (20 if args.format == "table" else None)
-    # a view published as a small Delta table is read by delta-rs: no JVM to start (ivm.sinks)
-    table = (sinks.read_without_jvm(project.ctx, args.name)
-             if args.name in project.config.views and project.config.storage.delta_views else None)
+    # a view published as a small Delta table is read by delta-rs, a small table's layers by pyarrow:
+    # no JVM to start (ivm.sinks)
+    table = None
+    if args.name in project.config.views and project.config.storage.delta_views:
+        table = sinks.read_without_jvm(project.ctx, args.name)
+    elif args.name in project.config.tables:
+        project.table(args.name)  # (applied, unchanged since)
+        table = sinks.table_without_jvm(project.ctx, args.name)
     if table is not None:
         columns = table.column_names
         rows = [tuple(r.values()) for r in (table if limit is None else table.slice(0, limit)).to_pylist()]

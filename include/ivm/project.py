@@ -21,6 +21,7 @@ from ivm.ir import Program
 from ivm.maintain import strategy
 from ivm.modes import Mode
 from ivm.refresh import RefreshResult, refresh
+from ivm.spark import project_conf
 from ivm.storage import Warehouse
 from ivm.stratify import Strata
 from ivm.validate import ViewCheck, ViewState, check_views
@@ -220,7 +221,9 @@ class Project:
         """`ivm log append`: validate and store a change file as the table's next log segment."""
         cfg = self._loaded_here(table)
         added = self.catalog.table_defs()[table].added_columns or []
-        return ingest.append_log(self.spark, self.catalog, self.warehouse, table, cfg, path, fmt, added)
+        time_zone = project_conf(self.config).get("spark.sql.session.timeZone", "UTC")
+        return ingest.append_log(lambda: self.spark, self.catalog, self.warehouse, table, cfg, path, fmt, added,
+                                 time_zone)
 
     def quarantine(self, table: str, version: int, reason: str | None = None) -> str:
         """`ivm log quarantine`: set a commit (a Delta source's Delta version) aside (ivm.changes.quarantine)."""

@@ -21,6 +21,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from datetime import datetime
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
@@ -80,6 +81,14 @@ class Warehouse:
             self.fs.delete_dir(self._fs_path(path))
         elif info.type == pafs.FileType.File:
             self.fs.delete_file(self._fs_path(path))
+
+    def write_parquet(self, path: str, rows: pa.Table) -> None:
+        """A small Arrow table as a Parquet directory of one file, as Spark would write it (a log
+        segment read without Spark, ivm.changes.arrow_reader); refused if ``path`` exists."""
+        if self.exists(path):
+            raise FileExistsError(path)
+        self.fs.create_dir(self._fs_path(path), recursive=True)
+        pq.write_table(rows, f"{self._fs_path(path)}/part-00000-{new_id('')}.parquet", filesystem=self.fs)
 
     def exists(self, path: str) -> bool:
         return self.fs.get_file_info(self._fs_path(path)).type != pafs.FileType.NotFound

@@ -164,6 +164,15 @@ class KeyBounds:
         return KeyBounds(tuple((read(lo), read(hi)) for lo, hi in d["ranges"]), bool(d["nulls"]))
 
     @staticmethod
+    def of(values: Sequence, nulls: bool) -> KeyBounds | None:
+        """`key_bounds` of keys the driver holds already (a small change file's): their distinct values
+        cut at the widest gaps; None for keys `key_bounds` cuts in equal runs (strings, booleans)."""
+        distinct = sorted(set(values))
+        if not all(_gapped(v) and not isinstance(v, bool) for v in distinct):
+            return None
+        return KeyBounds.merged([KeyBounds(tuple((v, v) for v in distinct), nulls)])
+
+    @staticmethod
     def merged(parts: Sequence[KeyBounds]) -> KeyBounds:
         """Bounds holding every key of each part: their ranges joined where they overlap, then cut to
         SKIP_RANGES at the widest gaps between them (`_cut`)."""

@@ -4,6 +4,8 @@ refused with a one-line message naming table, row and problem, storing nothing."
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -246,3 +248,58 @@ res_id,psgr_id,seat,_change_type
     [tagged] = project.catalog.segments("tag", 0, 10**18)
     assert project.warehouse.column_range(tagged.path, "_change_type") == ("insert", "insert")
     assert not has_update_images(project.warehouse, [tagged])
+
+
+APPEND = """
+import sys
+from pyspark import SparkContext
+from ivm.cli import main
+code = main(["--project", sys.argv[1], "log", "append", "res", sys.argv[2]])
+print("jvm:", SparkContext._gateway is not None)
+sys.exit(code)
+"""
+
+
+def test_a_small_append_starts_no_jvm(project, tmp_path):
+    """`ivm log append` of a small change file reads it with pyarrow (ivm.changes.arrow_reader): no JVM
+    starts (#49 item 4), and a refresh's Spark reads the segment as it reads one Spark wrote; a file the
+    Arrow reader declines (a Parquet column of another type) goes through Spark."""
+    project_file = str(Path(project.config.root) / "ivm.yaml")
+
+    def append(path: str) -> str:
+        done = subprocess.run([sys.executable, "-c", APPEND, project_file, path], capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+    out = append(csv(tmp_path / "a.csv", "res_id,psgr_id,seat,_change_type\n1,7,\"1A, window\",insert\n2,,1B,insert"))
+    assert "appended 2 changes as commit version 1" in out and "jvm: False" in out, out
+    pq = tmp_path / "b.parquet"
+    pd.DataFrame({"res_id": [3], "psgr_id": [9], "seat": ["3F"], "_change_type": ["insert"]}).to_parquet(pq)
+    out = append(str(pq))  # (res_id is BIGINT in the file, INT in the table: Spark casts it)
+    assert "commit version 2" in out and "jvm: True" in out, out
+    assert log_rows(project, "res") == [(1, 7, "1A, window", "insert", 1), (2, None, "1B", "insert", 1),
+                                        (3, 9, "3F", "insert", 2)]
+
+
+def test_show_of_a_small_table_reads_its_layers_without_spark(make_project, tmp_path):
+    """`ivm show TABLE` consolidates a small table's layers with pyarrow (`sinks.table_without_jvm`): the
+    rows Spark reads, a bag's duplicates repeated, a deleted row gone, NULLs first, in DATE, TIMESTAMP,
+    DECIMAL and DOUBLE."""
+    from ivm import sinks
+
+    p = make_project({"sale": {"columns": {"day": "date", "at": "timestamp", "amount": "decimal(12,2)",
+                                           "rate": "double", "who": "string"}}})
+    rows = [("2024-01-02", "2024-01-02 10:00:00", "1.50", "0.25", "ann"),
+            ("2024-01-02", "2024-01-02 10:00:00", "1.50", "0.25", "ann"),
+            ("2024-01-03", "2024-01-03 23:59:59.5", "-3.00", "", ""), ("", "", "", "1e-3", "bob")]
+    p.load("sale", csv(tmp_path / "s.csv", "day,at,amount,rate,who\n" + "\n".join(",".join(r) for r in rows)))
+    p.append("sale", csv(tmp_path / "c.csv", "day,at,amount,rate,who,_change_type\n"
+                                             "2024-01-02,2024-01-02 10:00:00,1.50,0.25,ann,delete\n"
+                                             "2024-01-04,2024-01-04 00:00:00,7.25,2.5,cy,insert"))
+    p.refresh()
+    got = sinks.table_without_jvm(p.ctx, "sale")
+    assert got is not None
+    spark_rows = p.read("sale").orderBy("day", "at", "amount", "rate", "who").toArrow().to_pylist()
+    expected = [{k: v.replace(tzinfo=None) if k == "at" and v is not None else v for k, v in r.items()}
+                for r in spark_rows]
+    assert got.to_pylist() == expected and len(expected) == 4

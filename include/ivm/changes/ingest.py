@@ -1,26 +1,31 @@
 """Bringing files into the warehouse: change-log appends and initial snapshot loads.
 
 Both read the file with Spark, check every row (one job), and only then write: a bad file stores
-nothing. An append to a large table also records where the segment's keys fall (one small query), for
-the trims of later refreshes. A log append becomes one immutable Parquet segment under ``log/<table>/``; the catalog row
-that records it is the commit. The same file appended twice is recognised by its content hash and
-applied once (same path and content; a file with explicit commit versions cannot apply twice anyway).
+nothing. A small native change file is read without Spark where its rows are sure to be Spark's
+(ivm.changes.arrow_reader), so `ivm log append` of a few changes starts no JVM. An append to a large
+table also records where the segment's keys fall (one small query), for the trims of later refreshes.
+A log append becomes one immutable Parquet segment under ``log/<table>/``; the catalog row that
+records it is the commit. The same file appended twice is recognised by its content hash and applied
+once (same path and content; a file with explicit commit versions cannot apply twice anyway).
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from ivm.catalog import Catalog
 from ivm.catalog.store import PublishChange, SegmentRef, StageRecord, new_id
+from ivm.changes import arrow_reader
 from ivm.changes.reader import BAD, RAW, SEQ, check_path, describe_row, read_cdf, read_debezium, read_snapshot
 from ivm.changes.trim import segment_bounds
 from ivm.config import CHANGE_TYPE, COMMIT_VERSION, COUNT_COLUMN, TableConfig
@@ -84,10 +89,12 @@ def _first_bad_row(df: DataFrame, name: str, table: TableConfig, path: str, with
                               "nothing was stored")
 
 
-def append_log(spark: SparkSession, catalog: Catalog, warehouse: Warehouse, name: str, table: TableConfig,
-               path: str, fmt: str = "cdf", optional: Collection[str] = ()) -> AppendResult:
+def append_log(spark: Callable[[], SparkSession], catalog: Catalog, warehouse: Warehouse, name: str,
+               table: TableConfig, path: str, fmt: str = "cdf", optional: Collection[str] = (),
+               time_zone: str = "UTC") -> AppendResult:
     """`ivm log append`: validate a change file and store it as the table's next log segment. The
-    ``optional`` columns (added since the table held data, ivm.evolution) may be missing from it."""
+    ``optional`` columns (added since the table held data, ivm.evolution) may be missing from it.
+    ``spark`` starts Spark, for a file the Arrow reader declines (``time_zone``: Spark's session's)."""
     if fmt not in LOG_FORMATS:
         raise ChangeDataError(f"unknown change format {fmt!r}; use one of {', '.join(LOG_FORMATS)}")
     check_path(path)
@@ -99,7 +106,10 @@ def append_log(spark: SparkSession, catalog: Catalog, warehouse: Warehouse, name
     earlier = catalog.appended_segment(name, path, digest)
     if earlier is not None:
         return AppendResult(name, None, 0, duplicate_of=earlier)
-    changes = (read_cdf if fmt == "cdf" else read_debezium)(spark, name, table, path, optional).cache()
+    local = arrow_reader.read_cdf(table, path, optional, time_zone) if fmt == "cdf" else None
+    if local is not None:
+        return _append_arrow(catalog, warehouse, name, table, local, path, fmt, digest)
+    changes = (read_cdf if fmt == "cdf" else read_debezium)(spark(), name, table, path, optional).cache()
     try:
         # one job for the whole file: row count, bad rows, commit-version range
         stats = changes.agg(F.count(F.lit(1)).alias("rows"),
@@ -127,17 +137,40 @@ def append_log(spark: SparkSession, catalog: Catalog, warehouse: Warehouse, name
     return AppendResult(name, segment, int(stats.rows))
 
 
-def write_segment(catalog: Catalog, warehouse: Warehouse, name: str, table: TableConfig, changes: DataFrame,
-                  lo: int, hi: int, rows: int, source: str, fmt: str, digest: str,
+def _append_arrow(catalog: Catalog, warehouse: Warehouse, name: str, table: TableConfig, changes: pa.Table,
+                  path: str, fmt: str, digest: str) -> AppendResult:
+    """`append_log` of the rows the Arrow reader read (all of them good, all or none versioned)."""
+    if changes.num_rows == 0:
+        return AppendResult(name, None, 0)
+    versions = changes.column(COMMIT_VERSION)
+    if versions.null_count:  # a file without _commit_version is one transaction with the next number
+        lo = hi = catalog.last_commit_version(name) + 1
+    else:
+        lo, hi = pc.min(versions).as_py(), pc.max(versions).as_py()
+    segment = write_segment(catalog, warehouse, name, table, changes, lo, hi, changes.num_rows, path, fmt, digest)
+    log.info("appended %s rows to the log of %s as segment %s (read without Spark)", changes.num_rows, name,
+             segment.id)
+    return AppendResult(name, segment, changes.num_rows)
+
+
+def write_segment(catalog: Catalog, warehouse: Warehouse, name: str, table: TableConfig,
+                  changes: DataFrame | pa.Table, lo: int, hi: int, rows: int, source: str, fmt: str, digest: str,
                   restores: int | None = None) -> SegmentRef:
     """Write checked changes (the table's columns, ``_change_type``, ``_seq``, ``_commit_version`` or
-    NULL for ``lo``) as one Parquet segment and record it: the commit point of an append. The file goes
-    again if the catalog refuses it. ``restores``: see `Catalog.add_segment`."""
+    NULL for ``lo``; a DataFrame, or an Arrow table the Arrow reader read) as one Parquet segment and
+    record it: the commit point of an append. The file goes again if the catalog refuses it.
+    ``restores``: see `Catalog.add_segment`."""
     bounds = segment_key_bounds(catalog, name, table, changes)
     segment_path = warehouse.log_path(name, new_id(f"{lo:020d}-"))
-    (changes.select(*[F.col(f"`{c}`") for c in table.columns], F.col(CHANGE_TYPE),
-                    F.coalesce(F.col(COMMIT_VERSION), F.lit(lo).cast("long")).alias(COMMIT_VERSION), F.col(SEQ))
-            .coalesce(1).write.mode("errorifexists").parquet(segment_path))
+    if isinstance(changes, pa.Table):  # (the same columns, in the same order, as Spark writes them)
+        versions = pc.fill_null(changes.column(COMMIT_VERSION), pa.scalar(lo, pa.int64()))
+        warehouse.write_parquet(segment_path, changes.set_column(
+            changes.column_names.index(COMMIT_VERSION), COMMIT_VERSION, versions)
+            .select([*table.columns, CHANGE_TYPE, COMMIT_VERSION, SEQ]))
+    else:
+        (changes.select(*[F.col(f"`{c}`") for c in table.columns], F.col(CHANGE_TYPE),
+                        F.coalesce(F.col(COMMIT_VERSION), F.lit(lo).cast("long")).alias(COMMIT_VERSION), F.col(SEQ))
+                .coalesce(1).write.mode("errorifexists").parquet(segment_path))
     try:
         return catalog.add_segment(name, segment_path, source, fmt, digest, lo, hi, rows, bounds, restores)
     except BaseException:
@@ -145,7 +178,8 @@ def write_segment(catalog: Catalog, warehouse: Warehouse, name: str, table: Tabl
         raise
 
 
-def segment_key_bounds(catalog: Catalog, name: str, table: TableConfig, changes: DataFrame) -> dict | None:
+def segment_key_bounds(catalog: Catalog, name: str, table: TableConfig,
+                       changes: DataFrame | pa.Table) -> dict | None:
     """Where a new segment's keys fall (`ivm.changes.trim.segment_bounds`: one small query), for a
     table large enough that its trims read the stored rows through a skipping filter (SKIP_MIN_ROWS):
     found here, once per segment, the trim of a refresh merges its segments' bounds instead of

@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, Observation, Window
 from pyspark.sql import functions as F
 
@@ -80,13 +82,18 @@ def skip_column(table: TableConfig) -> str:
     return (table.key or list(table.columns))[0]
 
 
-def segment_bounds(table: TableConfig, changes: DataFrame) -> dict | None:
-    """Where a log segment's keys fall in `skip_column` (`zset.key_bounds`: one small query), as the
-    catalog keeps them with the segment: with the column's name and declared type, so a segment
-    recorded under another definition of the table is not taken for this one. None for keys cut in
-    equal runs (strings)."""
+def segment_bounds(table: TableConfig, changes: DataFrame | pa.Table) -> dict | None:
+    """Where a log segment's keys fall in `skip_column` (`zset.key_bounds`: one small query; or, for a
+    small file read without Spark, `KeyBounds.of` its keys), as the catalog keeps them with the segment:
+    with the column's name and declared type, so a segment recorded under another definition of the
+    table is not taken for this one. None for keys cut in equal runs (strings)."""
     column = skip_column(table)
-    bounds = key_bounds(changes, column).as_json()
+    if isinstance(changes, pa.Table):
+        keys = changes.column(column)
+        found = KeyBounds.of(pc.drop_null(keys).to_pylist(), keys.null_count > 0)
+    else:
+        found = key_bounds(changes, column)
+    bounds = None if found is None else found.as_json()
     return None if bounds is None else {**bounds, "column": column, "column_type": table.columns[column]}
 
 
