@@ -12,7 +12,7 @@ from collections import Counter
 
 import duckdb
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ivm.maintain.delta_rules import delta_rules
@@ -289,3 +289,28 @@ def test_merged_key_bounds_keep_every_key_and_cut_at_the_widest_gaps(spark, monk
                                         (datetime.date(2021, 1, 1), datetime.date(2021, 1, 1))))])
     assert days.ranges == ((datetime.date(2020, 1, 1), datetime.date(2020, 1, 5)),
                            (datetime.date(2021, 1, 1), datetime.date(2021, 1, 1)))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(kind=st.sampled_from(["int", "date", "decimal(12,2)"]), numbers=st.lists(st.none() | st.integers(-5000, 5000),
+                                                                              max_size=40))
+def test_bounds_of_keys_the_driver_holds_are_sparks(spark, kind, numbers):
+    """A small change file read without Spark (ivm.changes.arrow_reader) records its segment's bounds from
+    its keys on the driver (`KeyBounds.of`): every key inside them, at most SKIP_RANGES ranges, and —
+    where no two gaps between neighbouring keys tie — the very bounds Spark's `key_bounds` finds."""
+    import datetime
+    import decimal
+
+    from ivm import zset
+    from ivm.zset import KeyBounds
+
+    as_key = {"int": lambda n: n, "date": lambda n: datetime.date(2020, 1, 1) + datetime.timedelta(days=n),
+              "decimal(12,2)": lambda n: decimal.Decimal(n).scaleb(-2)}[kind]
+    keys = [None if n is None else as_key(n) for n in numbers]
+    found = KeyBounds.of([k for k in keys if k is not None], None in keys)
+    assert found.nulls == (None in keys) and len(found.ranges) <= zset.SKIP_RANGES
+    assert all(any(lo <= k <= hi for lo, hi in found.ranges) for k in keys if k is not None)
+    distinct = sorted({n for n in numbers if n is not None})
+    gaps = [b - a for a, b in zip(distinct, distinct[1:], strict=False)]
+    if len(set(gaps)) == len(gaps):
+        assert found == zset.key_bounds(spark.createDataFrame([(k,) for k in keys], f"k {kind}"), "k")
