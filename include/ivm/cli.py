@@ -145,14 +145,16 @@ def cmd_show(args) -> int:
 
     project = _open(args)
     limit = args.limit if args.limit is not None else (20 if args.format == "table" else None)
-    # a view published as a small Delta table is read by delta-rs, a small table's layers by pyarrow:
-    # no JVM to start (ivm.sinks)
+    # a view published as a small Delta table is read by delta-rs, else a small table's or view's layers
+    # by pyarrow: no JVM to start (ivm.sinks)
     table = None
     if args.name in project.config.views and project.config.storage.delta_views:
         table = sinks.read_without_jvm(project.ctx, args.name)
-    elif args.name in project.config.tables:
+    if table is None and args.name in project.config.tables:
         project.table(args.name)  # (applied, unchanged since)
-        table = sinks.table_without_jvm(project.ctx, args.name)
+        table = sinks.layers_without_jvm(project.ctx, args.name)
+    elif table is None and args.name in project.config.views and project.catalog.state(args.name).version_id is not None:
+        table = sinks.layers_without_jvm(project.ctx, args.name)
     if table is not None:
         columns = table.column_names
         rows = [tuple(r.values()) for r in (table if limit is None else table.slice(0, limit)).to_pylist()]

@@ -319,10 +319,11 @@ def read_without_jvm(ctx: RunContext, view: str):
     return _as_shown(rows)
 
 
-def table_without_jvm(ctx: RunContext, table: str):
-    """A table's current rows as `read_without_jvm` gives a view's, consolidated from its layers by
-    pyarrow (`state_without_jvm`) when they hold at most `SHOW_WITHOUT_JVM_MB`; None when that needs Spark."""
-    rows = state_without_jvm(ctx, table, SHOW_WITHOUT_JVM_MB)
+def layers_without_jvm(ctx: RunContext, relation: str):
+    """A table's or view's current rows as `read_without_jvm` gives a view's, consolidated from its
+    layers by pyarrow (`state_without_jvm`) when they hold at most `SHOW_WITHOUT_JVM_MB`; None when that
+    needs Spark. (A view without a Delta table, or whose table is behind the catalog.)"""
+    rows = state_without_jvm(ctx, relation, SHOW_WITHOUT_JVM_MB)
     return None if rows is None else _as_shown(rows)
 
 

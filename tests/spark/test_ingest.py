@@ -281,25 +281,31 @@ def test_a_small_append_starts_no_jvm(project, tmp_path):
                                         (3, 9, "3F", "insert", 2)]
 
 
-def test_show_of_a_small_table_reads_its_layers_without_spark(make_project, tmp_path):
-    """`ivm show TABLE` consolidates a small table's layers with pyarrow (`sinks.table_without_jvm`): the
-    rows Spark reads, a bag's duplicates repeated, a deleted row gone, NULLs first, in DATE, TIMESTAMP,
-    DECIMAL and DOUBLE."""
+def test_show_of_a_small_table_or_view_reads_its_layers_without_spark(make_project, tmp_path):
+    """`ivm show` consolidates a small table's or view's layers with pyarrow (`sinks.layers_without_jvm`):
+    the rows Spark reads, a bag's duplicates repeated, a set's rows once, a deleted row gone, NULLs
+    first, in DATE, TIMESTAMP, DECIMAL and DOUBLE."""
     from ivm import sinks
 
     p = make_project({"sale": {"columns": {"day": "date", "at": "timestamp", "amount": "decimal(12,2)",
-                                           "rate": "double", "who": "string"}}})
+                                           "rate": "double", "who": "string"}}},
+                     views={"buyers": {"sql": "SELECT DISTINCT who, day FROM sale"},
+                            "per_day": {"sql": "SELECT day, sum(amount) AS total, avg(rate) AS rate, count(*) AS n "
+                                               "FROM sale GROUP BY day"}})
     rows = [("2024-01-02", "2024-01-02 10:00:00", "1.50", "0.25", "ann"),
             ("2024-01-02", "2024-01-02 10:00:00", "1.50", "0.25", "ann"),
             ("2024-01-03", "2024-01-03 23:59:59.5", "-3.00", "", ""), ("", "", "", "1e-3", "bob")]
     p.load("sale", csv(tmp_path / "s.csv", "day,at,amount,rate,who\n" + "\n".join(",".join(r) for r in rows)))
+    p.refresh()
     p.append("sale", csv(tmp_path / "c.csv", "day,at,amount,rate,who,_change_type\n"
-                                             "2024-01-02,2024-01-02 10:00:00,1.50,0.25,ann,delete\n"
+                                             ",,,1e-3,bob,delete\n"
                                              "2024-01-04,2024-01-04 00:00:00,7.25,2.5,cy,insert"))
     p.refresh()
-    got = sinks.table_without_jvm(p.ctx, "sale")
-    assert got is not None
-    spark_rows = p.read("sale").orderBy("day", "at", "amount", "rate", "who").toArrow().to_pylist()
-    expected = [{k: v.replace(tzinfo=None) if k == "at" and v is not None else v for k, v in r.items()}
-                for r in spark_rows]
-    assert got.to_pylist() == expected and len(expected) == 4
+    # (ann's two rows: twice in sale, once in the set buyers; bob's day, NULL, leaves per_day)
+    for name, n in [("sale", 4), ("buyers", 3), ("per_day", 3)]:
+        got = sinks.layers_without_jvm(p.ctx, name)
+        assert got is not None, name
+        spark_rows = p.read(name).orderBy(*got.column_names).toArrow().to_pylist()
+        expected = [{k: v.replace(tzinfo=None) if k == "at" and v is not None else v for k, v in r.items()}
+                    for r in spark_rows]
+        assert got.to_pylist() == expected and len(expected) == n, name
