@@ -153,8 +153,9 @@ def cmd_show(args) -> int:
     if table is None and args.name in project.config.tables:
         project.table(args.name)  # (applied, unchanged since)
         table = sinks.layers_without_jvm(project.ctx, args.name)
-    elif table is None and args.name in project.config.views and project.catalog.state(args.name).version_id is not None:
-        table = sinks.layers_without_jvm(project.ctx, args.name)
+    elif table is None and args.name in project.config.views:
+        materialized = project.catalog.state(args.name).version_id is not None
+        table = sinks.layers_without_jvm(project.ctx, args.name) if materialized else None
     if table is not None:
         columns = table.column_names
         rows = [tuple(r.values()) for r in (table if limit is None else table.slice(0, limit)).to_pylist()]

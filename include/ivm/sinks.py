@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
+from urllib.parse import unquote
 
 from py4j.protocol import Py4JJavaError
 from pyspark.errors import AnalysisException
@@ -322,7 +323,8 @@ def read_without_jvm(ctx: RunContext, view: str):
 def layers_without_jvm(ctx: RunContext, relation: str):
     """A table's or view's current rows as `read_without_jvm` gives a view's, consolidated from its
     layers by pyarrow (`state_without_jvm`) when they hold at most `SHOW_WITHOUT_JVM_MB`; None when that
-    needs Spark. (A view without a Delta table, or whose table is behind the catalog.)"""
+    needs Spark. `ivm show` reads a table so, and a view whose Delta table `read_without_jvm` cannot
+    read (``storage.delta_views`` off, or the table behind the catalog)."""
     rows = state_without_jvm(ctx, relation, SHOW_WITHOUT_JVM_MB)
     return None if rows is None else _as_shown(rows)
 
@@ -350,11 +352,13 @@ def register(ctx: RunContext, progress: Callable[[str], None] = lambda _: None) 
     db = ctx.config.database
     try:
         taken = _registered(spark, db)
+        if taken is None:
+            spark.sql(f"CREATE DATABASE {quote(db)}")
+            taken = {}
         for view in ctx.config.views:
             if taken.get(view.lower(), ("", ""))[0] == "MANAGED":
                 raise ConfigError(f"views.{view}: the Spark catalog's {db}.{view} is a managed table ivm did not "
                                   "make; drop it or choose another database (storage.database)")
-        spark.sql(f"CREATE DATABASE IF NOT EXISTS {quote(db)}")
         done = []
         for view in ctx.config.views:
             where = location(ctx, view)
@@ -375,17 +379,20 @@ def register(ctx: RunContext, progress: Callable[[str], None] = lambda _: None) 
                        "Derby metastore opens in one JVM at a time; storage.register_views: false skips this)") from e
 
 
-def _registered(spark, db: str) -> dict[str, tuple[str, str]]:
-    """The tables of database ``db`` in the Spark catalog: lower-cased name -> (type, location), from
-    one ``SHOW TABLE EXTENDED`` (its ``information`` column holds ``Type: EXTERNAL`` and ``Location: ...``
-    lines). One query for all the views: a metastore look-up per view and Delta's ``DESCRIBE DETAIL``
-    of each took ~2 s a view on an embedded Derby metastore (`ivm apply` of the demo 45 s)."""
+def _registered(spark, db: str) -> dict[str, tuple[str, str]] | None:
+    """The tables of database ``db`` in the Spark catalog (None: no such database): lower-cased name ->
+    (type, location), from one ``SHOW TABLE EXTENDED`` (its ``information`` column holds ``Type: EXTERNAL``
+    and ``Location: ...`` lines). One query for all the views: a metastore look-up per view and Delta's
+    ``DESCRIBE DETAIL`` of each took ~2 s a view on an embedded Derby metastore (`ivm apply` of the demo
+    45 s). (`CREATE DATABASE IF NOT EXISTS` of a database there logs a warning that it "was created
+    concurrently": it is created only when this finds none.)"""
     if not spark.catalog.databaseExists(db):
-        return {}
+        return None
     tables = {}
     for row in spark.sql(f"SHOW TABLE EXTENDED IN {quote(db)} LIKE '*'").collect():
         info = dict(line.split(": ", 1) for line in row.information.splitlines() if ": " in line)
-        tables[row.tableName.lower()] = (info.get("Type", ""), info.get("Location", ""))
+        where = info.get("Location", "")  # (a URI: a space in a local path is %20 there)
+        tables[row.tableName.lower()] = (info.get("Type", ""), unquote(where) if where.startswith("file:") else where)
     return tables
 
 

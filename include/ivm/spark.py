@@ -117,7 +117,8 @@ def with_metastore(conf: dict[str, str], warehouse: str) -> dict[str, str]:
     if CATALOG_IMPLEMENTATION in conf or "://" in warehouse:
         return conf
     home = Path(warehouse)
-    options = " ".join(filter(None, [conf.get("spark.driver.extraJavaOptions"), f"-Dderby.system.home={home}"]))
+    # (quoted: Spark splits the options as a shell would, and a space in the path cut it in two)
+    options = " ".join(filter(None, [conf.get("spark.driver.extraJavaOptions"), f'"-Dderby.system.home={home}"']))
     return {**conf, CATALOG_IMPLEMENTATION: "hive",
             "spark.hadoop.javax.jdo.option.ConnectionURL":
                 f"jdbc:derby:;databaseName={home / 'metastore_db'};create=true",
