@@ -41,7 +41,8 @@ clean = {
 # text Spark reads by rules of its own (or refuses): the Arrow reader must decline it, or agree
 odd_text = st.sampled_from([" 12", "+5", "1.0", "1e2", "2024-1-2", "2024-01-02 10:00", "2024-01-02T10:00:00Z",
                             "TRUE", "yes", "1", "0.125", "NaN", "", "99999999999", "2024-02-30", "-0", "007",
-                            "12.345", "a,b", 'say "hi"', "x\\y", " padded ", "2024-01-02T03:04:05.1234567"])
+                            "12.345", "a,b", 'say "hi"', "x\\y", " padded ", "2024-01-02T03:04:05.1234567",
+                            "\u0663", "\uff11\uff12", "t", "1_000"])
 
 
 def _text(column: str, value) -> str:

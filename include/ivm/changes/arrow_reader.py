@@ -42,11 +42,12 @@ from ivm.config import CHANGE_TYPE, COMMIT_VERSION, TableConfig
 #: a change file larger than this is read by Spark (parsing here costs ~1 s per few MiB)
 APPEND_WITHOUT_JVM_MB = 8
 
-_WHOLE = re.compile(r"-?\d+\Z")
-_NUMBER = re.compile(r"-?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\Z")
-_DECIMAL = re.compile(r"-?\d+(\.\d+)?\Z")
-_DATE = re.compile(r"\d{4}-\d{2}-\d{2}\Z")
-_TIMESTAMP = re.compile(r"\d{4}-\d{2}-\d{2}([ T]\d{2}:\d{2}:\d{2}(\.\d{1,6})?)?\Z")
+# (ASCII: Python's \d and int() take any script's digits, Spark's casts only 0-9)
+_WHOLE = re.compile(r"-?\d+\Z", re.ASCII)
+_NUMBER = re.compile(r"-?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\Z", re.ASCII)
+_DECIMAL = re.compile(r"-?\d+(\.\d+)?\Z", re.ASCII)
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}\Z", re.ASCII)
+_TIMESTAMP = re.compile(r"\d{4}-\d{2}-\d{2}([ T]\d{2}:\d{2}:\d{2}(\.\d{1,6})?)?\Z", re.ASCII)
 _DECIMAL_TYPE = re.compile(r"DECIMAL(?:\((\d+), (\d+)\))?\Z")
 _INT_BITS = {"TINYINT": 8, "SMALLINT": 16, "INT": 32, "BIGINT": 64}
 _UTC_NAMES = {"UTC", "Etc/UTC", "+00:00", "Z"}
@@ -95,8 +96,11 @@ def _column(type_text: str, time_zone: str) -> tuple[pa.DataType, Convert, Conve
     if type_text == "STRING":
         return pa.string(), lambda s: s, lambda v: _of(v, str)
     if type_text == "BOOLEAN":
-        return pa.bool_(), lambda s: _of(s.lower() == "true", bool) if s.lower() in ("true", "false") \
-            else _of(s, bool), lambda v: _of(v, bool)
+        def boolean(s: str) -> bool:
+            if s.lower() not in ("true", "false"):  # (Spark takes t, y, yes, 1, ... too)
+                raise _Decline(s)
+            return s.lower() == "true"
+        return pa.bool_(), boolean, lambda v: _of(v, bool)
     if type_text == "DATE":
         def date(s) -> datetime.date:
             return datetime.date.fromisoformat(_match(_DATE, s))
