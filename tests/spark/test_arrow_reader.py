@@ -108,21 +108,58 @@ def _write(path, rows, kinds, versions, fmt, odd: bool) -> None:
         pq.write_table(pa.table(data), path)
 
 
-def _spark_rows(spark, path):
-    df = reader.read_cdf(spark, "orders", TABLE, str(path))
+@st.composite
+def debezium_files(draw, odd: bool):
+    """Debezium events over drawn rows: c/r/u/d with their images, wrapped or not, tombstones, versions
+    from source.lsn, ts_ms or source.ts_ms; odd ones with an odd value, op, image or version."""
+    lines = []
+    for _ in range(draw(st.integers(0, 5))):
+        image = {c: draw(st.none() | s) if c != "order_id" else draw(s) for c, s in clean.items()}
+        if odd and draw(st.booleans()):
+            image[draw(st.sampled_from(list(clean)))] = draw(odd_text)
+        doc = {c: _text(c, v) if isinstance(v, datetime.date) else v for c, v in image.items()}
+        op = draw(st.sampled_from(["c", "r", "u", "d"] + (["x", None] if odd else [])))
+        event = {"op": op, "before": doc if op in ("u", "d") else None, "after": doc if op in ("c", "r", "u") else None}
+        if odd and draw(st.booleans()):
+            event[draw(st.sampled_from(["before", "after"]))] = draw(st.sampled_from([None, 5, {"order_id": 1}]))
+        where = draw(st.sampled_from(["lsn", "ts_ms", "source.ts_ms"]))
+        version = draw(st.integers(1, 10 ** 12) | (st.sampled_from(["7", 1.5, None]) if odd else st.nothing()))
+        if where == "lsn":
+            event["source"] = {"lsn": version, "ts_ms": 1}
+        elif where == "ts_ms":
+            event["ts_ms"] = version
+        else:
+            event["source"] = {"ts_ms": version}
+        if draw(st.booleans()):
+            event = {"schema": {}, "payload": event}
+        lines.append(event)
+        if draw(st.integers(0, 4)) == 0:
+            lines.append(draw(st.sampled_from([None, {"schema": {}, "payload": None}])))  # tombstones
+    return lines
+
+
+def _spark_rows(spark, path, fmt: str = "cdf"):
+    read = reader.read_cdf if fmt == "cdf" else reader.read_debezium
+    df = read(spark, "orders", TABLE, str(path))
     got = df.orderBy(reader.SEQ).toArrow()
     bad = [x for x in got.column(reader.BAD).to_pylist() if x is not None]
     return got.drop_columns([reader.BAD, reader.RAW, reader.SEQ]).to_pylist(), bad
 
 
 def _check(spark, tmp_path, drawn, odd: bool):
-    rows, kinds, versions, fmt = drawn
-    path = tmp_path / f"changes.{fmt}"
-    path.unlink(missing_ok=True)
-    _write(path, rows, kinds, versions, fmt, odd)
-    got = arrow_reader.read_cdf(TABLE, str(path))
+    if isinstance(drawn, list):  # Debezium events
+        fmt, path = "debezium", tmp_path / "events.jsonl"
+        path.write_text("".join(json.dumps(e, default=str).replace('"__dec__', "").replace('__dec__"', "") + "\n"
+                                for e in _decimals_as_numbers(drawn)))
+    else:
+        rows, kinds, versions, fmt = drawn
+        path = tmp_path / f"changes.{fmt}"
+        path.unlink(missing_ok=True)
+        _write(path, rows, kinds, versions, fmt, odd)
+    fmt = "debezium" if fmt == "debezium" else "cdf"
+    got = arrow_reader.read(fmt, TABLE, str(path))
     try:
-        expected, bad = _spark_rows(spark, path)
+        expected, bad = _spark_rows(spark, path, fmt)
     except Exception as e:  # (Spark's CSV parser fails a whole file it cannot split into records)
         assert got is None, f"Spark cannot read a file the Arrow reader took: {str(e).splitlines()[0]}"
         return None
@@ -130,7 +167,7 @@ def _check(spark, tmp_path, drawn, odd: bool):
         assert got is None, f"Spark found bad rows ({bad[0]}) in a file the Arrow reader took"
         return None
     if got is not None:
-        assert got.column(reader.SEQ).to_pylist() == list(range(len(rows)))
+        assert got.column(reader.SEQ).to_pylist() == list(range(got.num_rows))
         assert got.drop_columns([reader.SEQ]).to_pylist() == expected
     return got
 
@@ -159,6 +196,27 @@ def test_odd_files_are_declined_or_read_as_spark_reads_them(spark, tmp_path, dra
     _check(spark, tmp_path, drawn, odd=True)
 
 
+def _decimals_as_numbers(value):
+    """Decimals marked so that `_check` writes them as JSON numbers, exactly."""
+    if isinstance(value, dict):
+        return {k: _decimals_as_numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_decimals_as_numbers(v) for v in value]
+    return f"__dec__{value}__dec__" if isinstance(value, decimal.Decimal) else value
+
+
+@SETTINGS
+@given(events=debezium_files(odd=False))
+def test_debezium_events_read_as_spark_reads_them(spark, tmp_path, events):
+    assert _check(spark, tmp_path, events, odd=False) is not None, "the Arrow reader declined plain events"
+
+
+@SETTINGS
+@given(events=debezium_files(odd=True))
+def test_odd_debezium_events_are_declined_or_read_as_spark_reads_them(spark, tmp_path, events):
+    _check(spark, tmp_path, events, odd=True)
+
+
 @pytest.mark.parametrize("content, fmt", [
     ("order_id,day,_change_type\n1,2024-01-01,insert\n", "csv"),             # columns missing
     ('{"order_id": 1, "nope": 2, "_change_type": "insert"}\n', "jsonl"),      # an unknown column
@@ -167,4 +225,4 @@ def test_odd_files_are_declined_or_read_as_spark_reads_them(spark, tmp_path, dra
 def test_files_spark_refuses_whole_are_declined(tmp_path, content, fmt):
     path = tmp_path / f"c.{fmt}"
     path.write_text(content)
-    assert arrow_reader.read_cdf(TABLE, str(path)) is None
+    assert arrow_reader.read("cdf", TABLE, str(path)) is None

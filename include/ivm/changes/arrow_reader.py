@@ -1,10 +1,11 @@
-"""Reading a small native change file on the driver with pyarrow: `ivm log append` without a JVM
-(#49 item 4: a script that appends a few changes spent most of its time starting Spark).
+"""Reading a small change file (native or Debezium) on the driver with pyarrow and Python: `ivm log
+append` without a JVM (#49 item 4: a script that appends a few changes spent most of its time starting
+Spark).
 
 Spark's reader (ivm.changes.reader) stays the reference. This one takes a file only where its rows are
 sure to be Spark's, and hands anything else to Spark by returning None:
 
-* a file past APPEND_WITHOUT_JVM_MB, a directory, a remote file, or a Debezium file;
+* a file past APPEND_WITHOUT_JVM_MB, a directory, or a remote file;
 * a table with a column of a type not read here (nested, FLOAT, VARCHAR, TIMESTAMP_NTZ, BINARY, ...), or
   a TIMESTAMP column in a project whose Spark session is not in UTC;
 * a value Spark reads by rules of its own: a number with spaces, a '+' or an exponent where a whole
@@ -13,12 +14,13 @@ sure to be Spark's, and hands anything else to Spark by returning None:
 * a CSV with a backslash or a doubled quote (Spark's CSV escapes with backslashes, RFC 4180's by
   doubling), a line break inside a value, a row with more or fewer fields than the header;
 * a JSON line that is not a plain object (repeated keys, NaN, a nested value for a flat column), a
-  number for a STRING or a string for a number;
+  number for a STRING or a string for a number; a Debezium event whose op, image or version is not
+  plainly there (an op other than c, r, u, d; a missing image; a version that is not a JSON integer);
 * a Parquet column of another type than the table's;
 * and every bad row: Spark's reader names it in its error.
 
 So a file gets exactly the rows Spark's reader would give it, or goes through Spark, which also words
-every error. tests/unit/test_arrow_reader.py reads the same files both ways and compares.
+every error. tests/spark/test_arrow_reader.py reads the same random files both ways and compares.
 """
 
 from __future__ import annotations
@@ -60,21 +62,25 @@ class _Decline(Exception):
 Convert = Callable[[object], object]
 
 
-def read_cdf(table: TableConfig, path: str, optional: Collection[str] = (), time_zone: str = "UTC") -> pa.Table | None:
-    """A native change file's rows as `ivm.changes.reader.read_cdf` gives them when no row is bad: the
-    table's columns in their Arrow types, ``_change_type`` (lower case), ``_commit_version`` (NULL when
-    the file has none) and ``_seq`` (the row's place in the file); None when Spark must read it."""
+def read(fmt: str, table: TableConfig, path: str, optional: Collection[str] = (),
+         time_zone: str = "UTC") -> pa.Table | None:
+    """A change file's rows as Spark's reader gives them when no row is bad (`read_cdf`, or for ``fmt``
+    "debezium" `read_debezium`): the table's columns in their Arrow types, ``_change_type`` (lower
+    case), ``_commit_version`` (NULL when a native file has none) and ``_seq`` (the rows' order in the
+    file); None when Spark must read it."""
     if "://" in path or not Path(path).is_file() or os.path.getsize(path) > APPEND_WITHOUT_JVM_MB * 2**20:
         return None
     columns = {c: _column(t, time_zone) for c, t in table.columns.items()}
     if any(c is None for c in columns.values()):
         return None
     try:
-        fmt = file_format(path)
-        if fmt == "parquet":
+        if fmt == "debezium":
+            return _build(table, _debezium(table, path, optional), optional, columns, "json")
+        kind = file_format(path)
+        if kind == "parquet":
             return _parquet(table, path, optional, columns)
-        records = _csv(path) if fmt == "csv" else _json_lines(path)
-        return _build(table, records, optional, columns, fmt)
+        records = _csv(path) if kind == "csv" else _json_lines(path)
+        return _build(table, records, optional, columns, kind)
     except (_Decline, ValueError, UnicodeError, csv.Error, pa.ArrowException, decimal.DecimalException):
         return None
 
@@ -167,22 +173,66 @@ def _no_constant(name: str):
     raise _Decline(name)
 
 
-def _json_lines(path: str) -> tuple[list[str], list[dict]]:
-    """JSON lines as objects (lines of spaces skipped, as Spark's reader does); the keys any line names."""
+def _json_lines(path: str, skip: tuple[str, ...] = ("",)) -> tuple[list[str], list[dict]]:
+    """JSON lines as objects (lines of spaces skipped, as Spark's reader does, and of ``skip``); the keys
+    any line names."""
     text = Path(path).read_bytes().decode("utf-8")
     objects = [json.loads(line, parse_float=decimal.Decimal, parse_constant=_no_constant,
-                          object_pairs_hook=_unique_keys) for line in re.split(r"\r\n|\r|\n", text) if line.strip(" ")]
+                          object_pairs_hook=_unique_keys)
+               for line in re.split(r"\r\n|\r|\n", text) if line.strip(" ") not in skip]
     if not all(isinstance(o, dict) for o in objects):
         raise _Decline("not an object")
-    keys = list(dict.fromkeys(k for o in objects for k in o))
-    return keys, objects
+    return _keys(objects), objects
+
+
+def _keys(objects: list[dict]) -> list[str]:
+    return list(dict.fromkeys(k for o in objects for k in o))
+
+
+#: a Debezium op's rows: (change type, image)
+_OPS = {"c": [("insert", "after")], "r": [("insert", "after")], "d": [("delete", "before")],
+        "u": [("update_preimage", "before"), ("update_postimage", "after")]}
+
+
+def _debezium(table: TableConfig, path: str, optional: Collection[str]) -> tuple[list[str], list[dict]]:
+    """Debezium change events (ivm.changes.reader.read_debezium) as rows of the table's columns with
+    their change type and commit version (``source.lsn``, else ``ts_ms``, else ``source.ts_ms``);
+    tombstones skipped. Each image's keys are checked as Spark checks them, so no names are returned."""
+    rows, images = [], {"before": [], "after": []}
+    for event in _json_lines(path, skip=("", "null"))[1]:
+        if "payload" in event:  # (the Kafka Connect wrapper)
+            event = event["payload"]
+            if event is None:
+                continue  # a tombstone
+            if not isinstance(event, dict):
+                raise _Decline("payload")
+        for image, found in images.items():
+            if event.get(image) is not None:
+                found.append(_of(event[image], dict))
+        op = event.get("op")
+        source = event.get("source")
+        source = {} if source is None else _of(source, dict)
+        versions = [v for v in (source.get("lsn"), event.get("ts_ms"), source.get("ts_ms")) if v is not None]
+        if not isinstance(op, str) or op not in _OPS or not versions \
+                or any(not isinstance(v, int) or isinstance(v, bool) for v in versions):
+            raise _Decline("op or version")
+        for kind, image in _OPS[op]:
+            values = _of(event.get(image), dict)
+            if CHANGE_TYPE in values or COMMIT_VERSION in values:
+                raise _Decline("a reserved column")
+            rows.append({**values, CHANGE_TYPE: kind, COMMIT_VERSION: versions[0]})
+    for found in images.values():
+        names = _keys(found)
+        if names:  # (Spark checks an image's keys where some event has that image)
+            _check_names(table, names, optional, change_type=False)
+    return [], rows
 
 
 def _build(table: TableConfig, records: tuple[list[str], list], optional: Collection[str],
            columns: dict, fmt: str) -> pa.Table:
     """The rows of a CSV (lists of text) or JSON lines (objects) converted column by column."""
     names, rows = records
-    if fmt == "csv" or names:  # (Spark checks a JSON file's keys when some line has one)
+    if fmt == "csv" or names:  # (Spark checks a JSON file's keys when some line has one; `_debezium` its own)
         _check_names(table, names, optional, change_type=fmt == "csv")
     if fmt == "csv":
         at = {n: i for i, n in enumerate(names)}

@@ -106,7 +106,7 @@ def append_log(spark: Callable[[], SparkSession], catalog: Catalog, warehouse: W
     earlier = catalog.appended_segment(name, path, digest)
     if earlier is not None:
         return AppendResult(name, None, 0, duplicate_of=earlier)
-    local = arrow_reader.read_cdf(table, path, optional, time_zone) if fmt == "cdf" else None
+    local = arrow_reader.read(fmt, table, path, optional, time_zone)
     if local is not None:
         return _append_arrow(catalog, warehouse, name, table, local, path, fmt, digest)
     changes = (read_cdf if fmt == "cdf" else read_debezium)(spark(), name, table, path, optional).cache()
