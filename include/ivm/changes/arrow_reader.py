@@ -38,8 +38,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ivm.changes.reader import CHANGE_TYPES, SEQ, file_format
+from ivm.changes.reader import CHANGE_TYPES, SEQ, check_file_columns, file_format
 from ivm.config import CHANGE_TYPE, COMMIT_VERSION, TableConfig
+from ivm.errors import ChangeDataError
 
 #: a change file larger than this is read by Spark (parsing here costs ~1 s per few MiB)
 APPEND_WITHOUT_JVM_MB = 8
@@ -81,7 +82,8 @@ def read(fmt: str, table: TableConfig, path: str, optional: Collection[str] = ()
             return _parquet(table, path, optional, columns)
         records = _csv(path) if kind == "csv" else _json_lines(path)
         return _build(table, records, optional, columns, kind)
-    except (_Decline, ValueError, UnicodeError, csv.Error, pa.ArrowException, decimal.DecimalException):
+    except (_Decline, ChangeDataError, ValueError, UnicodeError, csv.Error, pa.ArrowException,
+            decimal.DecimalException):  # (ChangeDataError: Spark's own column checks, `_check_names`)
         return None
 
 
@@ -218,13 +220,11 @@ def _debezium(table: TableConfig, path: str, optional: Collection[str]) -> tuple
             raise _Decline("op or version")
         for kind, image in _OPS[op]:
             values = _of(event.get(image), dict)
-            if CHANGE_TYPE in values or COMMIT_VERSION in values:
-                raise _Decline("a reserved column")
             rows.append({**values, CHANGE_TYPE: kind, COMMIT_VERSION: versions[0]})
     for found in images.values():
         names = _keys(found)
-        if names:  # (Spark checks an image's keys where some event has that image)
-            _check_names(table, names, optional, change_type=False)
+        if names:  # (Spark checks an image's keys where some event has that image; no extra column)
+            _check_names(table, names, optional, extra=set())
     return [], rows
 
 
@@ -254,11 +254,12 @@ def _build(table: TableConfig, records: tuple[list[str], list], optional: Collec
     return pa.table(out)
 
 
-def _check_names(table: TableConfig, names: list[str], optional: Collection[str], change_type: bool) -> None:
-    """Decline an unknown column, a missing one (but ``optional``), a missing change type: Spark names it."""
-    if any(n not in table.columns and n not in (CHANGE_TYPE, COMMIT_VERSION) for n in names) \
-            or any(c not in names and c not in optional for c in table.columns) \
-            or (change_type and CHANGE_TYPE not in names):
+def _check_names(table: TableConfig, names: list[str], optional: Collection[str], change_type: bool = False,
+                 extra: Collection[str] = (CHANGE_TYPE, COMMIT_VERSION)) -> None:
+    """Spark's reader's own check of a file's columns (`ivm.changes.reader.check_file_columns`: an unknown or a
+    missing one raises), and a missing change type declined; Spark names them."""
+    check_file_columns("", table, names, set(extra), "", optional)
+    if change_type and CHANGE_TYPE not in names:
         raise _Decline("columns")
 
 

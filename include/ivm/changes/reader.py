@@ -58,7 +58,7 @@ def check_path(path: str) -> None:
         raise ChangeDataError(f"file {path!r} not found")
 
 
-def _check_columns(name: str, table: TableConfig, present: list[str], extra_allowed: set[str], where: str,
+def check_file_columns(name: str, table: TableConfig, present: list[str], extra_allowed: set[str], where: str,
                    optional: Collection[str] = ()) -> None:
     unknown = [c for c in present if c not in table.columns and c not in extra_allowed]
     if unknown:
@@ -119,7 +119,7 @@ def _json_fields(df: DataFrame, name: str, table: TableConfig, source: Column, e
               .limit(len(table.columns) + len(extra) + 50).collect())
     present = [r.k for r in keys]
     if present:  # a column no line mentions is missing; a line may leave out a NULL value
-        _check_columns(name, table, present, extra, where, optional)
+        check_file_columns(name, table, present, extra, where, optional)
     return {c: F.get_json_object(source, f"$.{c}") for c in table.columns}
 
 
@@ -144,7 +144,7 @@ def read_cdf(spark: SparkSession, name: str, table: TableConfig, path: str,
         raw_text = F.col("value")
     else:
         df = _read_flat(spark, path, fmt).withColumn(SEQ, F.monotonically_increasing_id())
-        _check_columns(name, table, [c for c in df.columns if c != SEQ], extra, path, optional)
+        check_file_columns(name, table, [c for c in df.columns if c != SEQ], extra, path, optional)
         raw_text = _as_json([c for c in df.columns if c != SEQ])
         df = df.select("*", *[F.lit(None).cast("string").alias(c) for c in table.columns if c not in df.columns])
         if fmt == "csv":
@@ -241,7 +241,7 @@ def read_snapshot(spark: SparkSession, name: str, table: TableConfig, path: str)
         raw_text = F.col("value")
     else:
         df = _read_flat(spark, path, fmt).withColumn(SEQ, F.monotonically_increasing_id())
-        _check_columns(name, table, [c for c in df.columns if c != SEQ], set(), path)
+        check_file_columns(name, table, [c for c in df.columns if c != SEQ], set(), path)
         raw_text = _as_json([c for c in df.columns if c != SEQ])
         parsed = {c: F.col(f"`{c}`").try_cast(t) for c, t in table.columns.items()}
         raw_present = {c: F.col(f"`{c}`").isNotNull() for c in table.columns}
