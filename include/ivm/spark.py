@@ -176,6 +176,7 @@ def session(settings: SparkSettings | None = None, app_name: str = "ivm"):
 
 
 ADAPTIVE = "spark.sql.adaptive.enabled"
+SINGLE_PARTITION_BYTES = "spark.sql.maxSinglePartitionBytes"
 
 
 @contextmanager
@@ -190,13 +191,26 @@ def adaptive(spark, enabled: bool) -> Iterator[None]:
     of a small run turn it off; full recomputes and large changes keep it (A/B in one process at SF 1,
     Δ 0.1%, alternate refreshes, medians: Q1 3.92 s against 4.37 s with it on, Q3 5.47 against 5.92;
     at SF 10, Q3 at Δ 0.1% about even, its joins with the large tables dominating).
-    The setting is the session's: callers switch it around work that does not run beside other work."""
-    before = spark.conf.get(ADAPTIVE)
-    spark.conf.set(ADAPTIVE, "true" if enabled else "false")
+    The setting is the session's: callers switch it around work that does not run beside other work.
+
+    Off, it lifts Spark's ``spark.sql.maxSinglePartitionBytes`` too (128m since Spark 4.0): above that
+    *estimated* size Spark shuffles a one-partition side of a join apart for parallelism, and a join's
+    estimate without statistics is its sides' sizes multiplied, so two small frames joined in their
+    one partition (`zset.local_join`) were shuffled after a join below them."""
+    settings = {ADAPTIVE: "true" if enabled else "false"}
+    if not enabled:
+        settings[SINGLE_PARTITION_BYTES] = str(2**63 - 1)
+    before = {k: spark.conf.get(k, None) for k in settings}
+    for k, v in settings.items():
+        spark.conf.set(k, v)
     try:
         yield
     finally:
-        spark.conf.set(ADAPTIVE, before)
+        for k, v in before.items():
+            if v is None:
+                spark.conf.unset(k)
+            else:
+                spark.conf.set(k, v)
 
 
 def ship_package(spark) -> None:

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from datetime import datetime
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
@@ -31,7 +32,7 @@ from pyspark.sql.types import LongType, StructField, StructType
 from ivm.catalog.store import WrittenLayer, new_id
 from ivm.changes import delta
 from ivm.config import COUNT_COLUMN
-from ivm.zset import BROADCAST_BYTES, consolidate, consolidate_onto, union_all
+from ivm.zset import BROADCAST_BYTES, VALUES_ON_DRIVER, consolidate, consolidate_onto, union_all
 
 log = logging.getLogger(__name__)
 
@@ -134,16 +135,49 @@ class Warehouse:
             return None
         return (min(lows), max(highs)) if lows else None
 
-    def _footers(self, path: str):
-        """(file info, Parquet metadata) of each Parquet file under ``path`` (a directory or one file)."""
+    def _files(self, path: str) -> list[pafs.FileInfo]:
+        """The Parquet files under ``path`` (a directory or one file), but hidden ones (``.``/``_``), as
+        Spark's reader lists them."""
         fs_path = self._fs_path(path)
         info = self.fs.get_file_info(fs_path)
         infos = [info] if info.type == pafs.FileType.File else \
             self.fs.get_file_info(pafs.FileSelector(fs_path, recursive=True))
-        for info in infos:
-            if info.type == pafs.FileType.File and info.base_name.endswith(".parquet"):
-                with self.fs.open_input_file(info.path) as f:
-                    yield info, pq.ParquetFile(f).metadata
+        return [i for i in infos if i.type == pafs.FileType.File and i.base_name.endswith(".parquet")
+                and not i.base_name.startswith((".", "_"))]
+
+    def _footers(self, path: str):
+        """(file info, Parquet metadata) of each Parquet file under ``path`` (a directory or one file)."""
+        for info in self._files(path):
+            with self.fs.open_input_file(info.path) as f:
+                yield info, pq.ParquetFile(f).metadata
+
+    def distinct_values(self, paths: Sequence[str], column: str, where: pc.Expression | None = None,
+                        limit: int = VALUES_ON_DRIVER) -> tuple[list, bool] | None:
+        """The distinct non-NULL values of ``column`` in the Parquet files under ``paths`` (in the rows
+        pyarrow's ``where`` keeps), sorted, and whether a NULL is among them: read on the driver, so a
+        small change's keys reach a plan as an IN list without a Spark job. None where that is not
+        plain — over ``limit`` values; a column type outside integers, strings, dates and decimals (whose
+        Python values Spark takes back as they were written: a TIMESTAMP's would depend on the time
+        zone); files that cannot be read — and the caller asks Spark."""
+        import pyarrow.dataset as ds
+
+        try:
+            files = [info.path for p in paths for info in self._files(p)]
+            if not files:
+                return [], False
+            data = ds.dataset(files, format="parquet", filesystem=self.fs)
+            kind = data.schema.field(column).type
+            if not (pa.types.is_integer(kind) or pa.types.is_string(kind) or pa.types.is_large_string(kind)
+                    or pa.types.is_date32(kind) or pa.types.is_decimal(kind)):
+                return None
+            found = pc.unique(data.to_table(columns=[column], filter=where).column(column))
+        except (OSError, KeyError, pa.ArrowException) as e:
+            log.info("the values of %s in %s are left to Spark: %s", column, ", ".join(paths), e)
+            return None
+        values = pc.drop_null(found)
+        if len(values) > limit:
+            return None
+        return sorted(values.to_pylist()), found.null_count > 0
 
     # -- layers ----------------------------------------------------------------------------------
 

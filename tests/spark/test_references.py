@@ -185,7 +185,8 @@ def test_rf_refresh_reads_no_lineitem_while_maintaining(make_project, tmp_path, 
     customer (unchanged: joined once with both delta rules' results) and no row of lineitem's or orders'
     stored layers: its input records are far fewer than lineitem's rows (with the shortcuts off, the
     Δorders terms read all of lineitem). A change this small is planned in one partition: no stage of
-    the refresh shuffles (`spark.single_partition_rows`); the distributed plan shuffles."""
+    the refresh shuffles (`spark.single_partition_rows`), and it launches few jobs; the distributed
+    plan shuffles."""
     from ivm import refresh
 
     orders = {k: (1 + k % 3, k % 4) for k in range(1, 301)}
@@ -208,6 +209,12 @@ def test_rf_refresh_reads_no_lineitem_while_maintaining(make_project, tmp_path, 
         refresh.validate_stage(p.ctx, plan.run_id)
     stages = (t, m, v)
     assert all(s.shuffled == 0 if partitions == "one" else s.shuffled > 0 for s in stages), stages
+    if partitions == "one":
+        # few jobs (the performance issue): a trim is its delta's write alone (the change's keys read on
+        # the driver, the stored rows found at them by an IN list: no broadcast of the keys; 4 jobs
+        # before), and the deltas' joins stay in their one partition, where each broadcast was a job:
+        # the three views' delta and state writes and customer's broadcast, 8 jobs (19 before)
+        assert (t.jobs, m.jobs) == (2, 8), stages
     result = refresh.publish_stage(p.ctx, plan.run_id)
     check(p, state)
     # Δorders: lineitem by the foreign key; Δlineitem: orders by key (in every view); customer did not

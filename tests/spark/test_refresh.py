@@ -262,11 +262,15 @@ def test_segments_keep_their_key_bounds_and_the_trim_merges_them(project, tmp_pa
     """A large table's log segments record where their keys fall when they are appended
     (ivm.changes.ingest.segment_key_bounds); the trim of a range whose segments all have them merges
     them instead of querying the log (the query is made to fail here), and finds the same stored rows.
-    A segment without them (appended while the table was small) sends the trim back to the query."""
+    A segment without them (appended while the table was small) sends the trim back to the query. (Where
+    the driver reads a small change's keys itself, `ingest.log_keys`, neither is needed: made to decline
+    here, as it does for a TIMESTAMP key or too many keys, until the end.)"""
     from ivm.changes import ingest, trim
+    from ivm.refresh import trim as trim_stage
     from ivm.zset import KeyBounds
 
     monkeypatch.setattr(trim, "SKIP_MIN_ROWS", 1)  # (the two tables hold 2 rows each: "large" here)
+    monkeypatch.setattr(trim_stage, "log_keys", lambda *args: None)
     project.append("acct", changes(tmp_path / "c0.jsonl", [
         {"id": 1, "owner": "ann", "balance": 10, "_change_type": "delete"}]))
     assert project.catalog.all_segments()[-1].key_bounds is None  # small at its append
@@ -297,3 +301,10 @@ def test_segments_keep_their_key_bounds_and_the_trim_merges_them(project, tmp_pa
     result = project.refresh()
     assert {t.table: t.delta_rows for t in result.tables} == {"acct": 2}
     assert contents(project, "acct") == Counter({(2, "bob", 7): 1, (3, "cy", 5): 1})
+    # the driver reads the keys of a segment without bounds (appended while small): no query either
+    monkeypatch.setattr(ingest, "SKIP_MIN_ROWS", 10**6)
+    monkeypatch.setattr(trim_stage, "log_keys", ingest.log_keys)
+    project.append("event", changes(tmp_path / "e2.jsonl", [{"kind": "b", "n": 2, "_change_type": "delete"}]))
+    assert project.catalog.all_segments()[-1].key_bounds is None
+    project.refresh()
+    assert contents(project, "event") == Counter({("a", 1): 1})

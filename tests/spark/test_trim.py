@@ -7,6 +7,7 @@ The model below is the specification: a keyed table is a dict key -> row, a bag 
 
 from __future__ import annotations
 
+import datetime
 from collections import Counter
 
 import pytest
@@ -161,9 +162,14 @@ def run_trim(spark, table: TableConfig, rows: list[tuple], changes: list[tuple],
     snapshot = spark.createDataFrame([(*r, n) for r, n in rows], f"{ddl}, __count BIGINT")
     log = spark.createDataFrame([(x[1], x[2], x[0], x[3], seq) for seq, x in enumerate(changes)],
                                 f"{ddl}, _change_type STRING, _commit_version BIGINT, _seq BIGINT")
-    # half the cases (by the number of changes: reproducible) trimmed in one partition, as a small change is
+    # half the cases (by the number of changes: reproducible) trimmed in one partition, as a small change is,
+    # and half of those with the change's values of the first column as the driver reads them from the log
+    # (ivm.changes.ingest.log_keys: the stored rows found by an IN list, NULLs too)
+    small = len(changes) % 2 == 1
+    keys = (sorted({x[1] for x in changes if x[1] is not None}), any(x[1] is None for x in changes)) \
+        if len(changes) % 4 == 1 else None
     net = trim("t", table, log, snapshot, stored_rows, update_images=any(x[0].startswith("update") for x in changes),
-               small=len(changes) % 2 == 1)
+               small=small, keys=keys)
     delta = net.delta.collect()
     net.check()
     out = Counter()
@@ -281,3 +287,37 @@ def test_nothing_to_trim_is_nothing(spark, table):
     # the check is observed on the delta's plan: a plan Spark proves empty drops the observation with it
     assert run_trim(spark, table, [], []) == Counter()
     assert run_trim(spark, table, [((1, "a"), 1)], [], SKIP_MIN_ROWS) == Counter()
+
+
+def test_log_keys_are_the_ranges_keys_as_spark_reads_them(spark, tmp_path):
+    """`ingest.log_keys` (a small change's keys read by pyarrow on the driver) gives the distinct values
+    of the first key column among the changes `read_log` reads — commit versions in the range, the
+    quarantined ones skipped — and whether one is NULL; it declines a TIMESTAMP key (whose Python value
+    would depend on the time zone) and more values than the driver holds."""
+    from types import SimpleNamespace
+
+    from ivm.changes.ingest import log_keys, read_log
+    from ivm.storage import Warehouse
+
+    warehouse = Warehouse(str(tmp_path))
+    table = TableConfig(columns={"d": "date", "k": "int", "v": "string"}, key=["d", "k"])
+    # commit version 1 + i % 4, each version its own dates (and a NULL here and there)
+    rows = [(datetime.date(2024, 1, 3 * (1 + i % 4) + i % 2) if i % 7 else None, i, "x", "insert", 1 + i % 4, i)
+            for i in range(40)]
+    schema = f"{table.ddl()}, _change_type STRING, _commit_version BIGINT, _seq BIGINT"
+    segments = []
+    for n, part in enumerate((rows[:25], rows[25:])):  # two segments: versions 1..4 in each
+        path = str(tmp_path / f"segment-{n}")
+        spark.createDataFrame(part, schema).write.parquet(path)
+        segments.append(SimpleNamespace(path=path, min_commit_version=1, max_commit_version=4))
+    for after, upto, skip in [(0, 4, ()), (1, 3, ()), (0, 4, (2, 4)), (4, 4, ())]:
+        spark_reads = read_log(spark, table, segments, after, upto, skip).select("d").distinct().collect()
+        expected = (sorted(r.d for r in spark_reads if r.d is not None), any(r.d is None for r in spark_reads))
+        assert log_keys(warehouse, table, segments, after, upto, skip) == expected, (after, upto, skip)
+    stamped = TableConfig(columns={"t": "timestamp", "v": "string"}, key=["t"])
+    path = str(tmp_path / "stamped")
+    spark.createDataFrame([(datetime.datetime(2024, 1, 1), "x", "insert", 1, 0)],
+                          schema.replace(table.ddl(), stamped.ddl())).write.parquet(path)
+    assert log_keys(warehouse, stamped, [SimpleNamespace(path=path)], 0, 1) is None
+    assert warehouse.distinct_values([s.path for s in segments], "k", limit=39) is None  # 40 keys
+    assert warehouse.distinct_values([s.path for s in segments], "k", limit=40) == (list(range(40)), False)

@@ -95,3 +95,28 @@ def test_reads_of_layers_are_reused_until_a_layer_is_rewritten(spark, tmp_path):
     wh.delete(layer.path)
     with pytest.raises(Exception, match="PATH_NOT_FOUND|does not exist"):
         wh.read_layers(spark, [layer.path], SCHEMA)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(kind=st.sampled_from(["int", "bigint", "string", "date", "decimal(12,2)"]), data=st.data())
+def test_at_values_keeps_the_rows_at_the_values_the_driver_holds(spark, kind, data):
+    """`zset.at_values` (an IN list as SQL text, `sql_literal`) keeps exactly the rows whose column is one
+    of the values, and the NULL rows when asked: strings with quotes, backslashes and other scripts'
+    letters, dates, decimals, integers past INT."""
+    import datetime
+    import decimal
+
+    from ivm.zset import at_values
+
+    values = {"int": st.integers(-2**31, 2**31 - 1), "bigint": st.integers(-2**63, 2**63 - 1),
+              "string": st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=6),
+              "date": st.dates(datetime.date(1, 1, 1), datetime.date(9999, 12, 31)),
+              "decimal(12,2)": st.decimals(-10**10 + 1, 10**10 - 1, places=2, allow_nan=False)}[kind]
+    rows = data.draw(st.lists(st.one_of(st.none(), values), max_size=12), "rows")
+    held = sorted(set(data.draw(st.lists(st.one_of(st.sampled_from(rows) if any(r is not None for r in rows)
+                                                    else values, values), max_size=6), "held")) - {None})
+    nulls = data.draw(st.booleans(), "nulls")
+    df = spark.createDataFrame([(i, r) for i, r in enumerate(rows)], f"i int, v {kind}")
+    kept = sorted(r.i for r in at_values(df, "v", held, nulls).collect())
+    as_held = {decimal.Decimal(v) for v in held} if kind.startswith("decimal") else set(held)
+    assert kept == [i for i, r in enumerate(rows) if (r is None and nulls) or (r is not None and r in as_held)]

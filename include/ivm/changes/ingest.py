@@ -27,7 +27,7 @@ from ivm.catalog import Catalog
 from ivm.catalog.store import PublishChange, SegmentRef, StageRecord, new_id
 from ivm.changes import arrow_reader
 from ivm.changes.reader import BAD, RAW, SEQ, check_path, describe_row, read_cdf, read_debezium, read_snapshot
-from ivm.changes.trim import segment_bounds
+from ivm.changes.trim import segment_bounds, skip_column
 from ivm.config import CHANGE_TYPE, COMMIT_VERSION, COUNT_COLUMN, TableConfig
 from ivm.errors import ChangeDataError
 from ivm.storage import Warehouse
@@ -206,6 +206,22 @@ def read_log(spark: SparkSession, table: TableConfig, segments: list[SegmentRef]
     if all(after < s.min_commit_version and s.max_commit_version <= upto for s in segments):
         return changes
     return changes.where((F.col(COMMIT_VERSION) > after) & (F.col(COMMIT_VERSION) <= upto))
+
+
+def log_keys(warehouse: Warehouse, table: TableConfig, segments: list[SegmentRef], after: int, upto: int,
+             skip: Collection[int] = ()) -> tuple[list, bool] | None:
+    """The distinct values of the table's `skip_column` among the changes `read_log` reads (commit
+    versions in (after, upto] but ``skip``), and whether one is NULL, read by pyarrow on the driver
+    (`Warehouse.distinct_values`): a small change's trim finds the stored rows at them with an IN list,
+    no Spark job for its keys. None when Spark finds them (`Warehouse.distinct_values` declines)."""
+    import pyarrow.dataset as ds
+
+    version = ds.field(COMMIT_VERSION)
+    where = (version > after) & (version <= upto)
+    skip = sorted(v for v in skip if after < v <= upto)
+    if skip:
+        where &= ~version.isin(skip)
+    return warehouse.distinct_values([s.path for s in segments], skip_column(table), where)
 
 
 #: segments whose footers are read to rule out update images in a log range; past this many (each a

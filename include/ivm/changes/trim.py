@@ -28,7 +28,7 @@ from ivm.changes.delta import named_version, version_noun
 from ivm.changes.reader import SEQ, describe_row
 from ivm.config import CHANGE_TYPE, COMMIT_VERSION, COUNT_COLUMN, TableConfig
 from ivm.errors import BadChange
-from ivm.zset import SKIP_MIN_ROWS, KeyBounds, consolidate, key_bounds, one_partition, restrict, row_struct
+from ivm.zset import SKIP_MIN_ROWS, KeyBounds, at_values, consolidate, key_bounds, one_partition, restrict, row_struct
 
 SIGN = "__sign"
 ROW = "__row"
@@ -117,11 +117,19 @@ def _skip_bounds(touched: DataFrame, column: str, stored_rows: int, bounds: KeyB
 
 
 def _stored_at(snapshot: DataFrame, touched: DataFrame, columns: list[str], stored_rows: int,
-               small: bool, skip: KeyBounds | None, merge: bool = False) -> DataFrame:
+               small: bool, skip: KeyBounds | None, merge: bool = False,
+               keys: tuple[list, bool] | None = None) -> DataFrame:
     """The snapshot's rows at the touched keys (or whole tuples, for a bag). The base layers are sorted
     by ``columns``, so on a large table a range filter on the first column skips the row groups no
     change falls in (``skip``: `_skip_bounds`). ``merge``: ``touched`` is a keyed table's, hashed by
-    its key; the rows are found by a sort-merge semi-join that keeps it (`zset.restrict` otherwise)."""
+    its key; the rows are found by a sort-merge semi-join that keeps it (`zset.restrict` otherwise).
+    ``keys``: a small change's values of the first column, held by the driver (`ivm.changes.ingest.log_keys`):
+    the rows are found by an IN filter on it (`zset.at_values`, ranges included), with no job for the
+    keys' broadcast. Where the key has more columns than the first, rows of other keys come too; each
+    is a chain of its stored row alone, which the net delta drops (no change) and the check passes."""
+    if keys is not None and small:
+        found = at_values(snapshot, columns[0], *keys)
+        return found.repartition(1) if stored_rows >= SKIP_MIN_ROWS else one_partition(found)
     rows = snapshot if skip is None else snapshot.where(skip.filter(columns[0]))
     if merge:  # a merge join on the key as ``touched`` is hashed (plain equality: a key is never NULL)
         return rows.join(touched.hint("merge"), list(columns), "left_semi")
@@ -129,12 +137,12 @@ def _stored_at(snapshot: DataFrame, touched: DataFrame, columns: list[str], stor
 
 
 def _keyed(events: DataFrame, snapshot: DataFrame, table: TableConfig, stored_rows: int, small: bool,
-           bounds: KeyBounds | None) -> DataFrame:
+           bounds: KeyBounds | None, keys: tuple[list, bool] | None) -> DataFrame:
     """The events of a table with a primary key, after its stored rows, each with its problem."""
     columns, key = list(table.columns), list(table.key or [])
     by_key = [F.col(f"`{c}`") for c in key]
     touched = events.select(*by_key)  # (a semi-join needs no distinct keys)
-    skip = _skip_bounds(touched, key[0], stored_rows, bounds)  # (a query reads the changes as they come)
+    skip = None if keys is not None and small else _skip_bounds(touched, key[0], stored_rows, bounds)
     if not small:
         # the changes hashed by their key once (002 §3's hash table): the semi-join finding the stored
         # rows at their keys then shuffles only the stored side, and their consolidation, the union and
@@ -142,7 +150,7 @@ def _keyed(events: DataFrame, snapshot: DataFrame, table: TableConfig, stored_ro
         # and again by key: lineitem at SF 10, 600k changes, 2.2-2.3 s against 2.6-2.7)
         events = events.repartition(*by_key)
         touched = events.select(*by_key)
-    stored = _stored_at(snapshot, touched, key, stored_rows, small, skip, merge=not small)
+    stored = _stored_at(snapshot, touched, key, stored_rows, small, skip, merge=not small, keys=keys)
     old = consolidate(stored, columns)
     timeline = events.unionByName(_old_events(old, columns, key, F.lit(1).cast("long")))
     # each key's chain in commit order, in one window: the step before each change (what it applies
@@ -190,12 +198,12 @@ def _keyed_delta(annotated: DataFrame, table: TableConfig, updates: Observation)
 
 
 def _unkeyed(events: DataFrame, snapshot: DataFrame, table: TableConfig, stored_rows: int, small: bool,
-             bounds: KeyBounds | None) -> DataFrame:
+             bounds: KeyBounds | None, keys: tuple[list, bool] | None) -> DataFrame:
     """The events of a bag table, after its stored tuples, each with its problem."""
     columns = list(table.columns)
     touched = events.select(*[F.col(f"`{c}`") for c in columns])
-    skip = _skip_bounds(touched, columns[0], stored_rows, bounds)
-    old = consolidate(_stored_at(snapshot, touched, columns, stored_rows, small, skip), columns)
+    skip = None if keys is not None and small else _skip_bounds(touched, columns[0], stored_rows, bounds)
+    old = consolidate(_stored_at(snapshot, touched, columns, stored_rows, small, skip, keys=keys), columns)
     timeline = events.unionByName(_old_events(old, columns, columns, F.col(COUNT_COLUMN)))
     w = Window.partitionBy(ROW).orderBy(*ORDER).rowsBetween(Window.unboundedPreceding, Window.currentRow)
     copies = F.sum(SIGN).over(w)
@@ -256,13 +264,16 @@ def _observed(o: Observation) -> dict | None:
 
 
 def trim(name: str, table: TableConfig, log: DataFrame, snapshot: DataFrame, stored_rows: int = 0,
-         update_images: bool = True, small: bool = False, bounds: KeyBounds | None = None) -> NetDelta:
+         update_images: bool = True, small: bool = False, bounds: KeyBounds | None = None,
+         keys: tuple[list, bool] | None = None) -> NetDelta:
     """The net delta of ``log`` (the changes in the refresh's range, in any order) against ``snapshot``
     (the table's current layers, unconsolidated; ``stored_rows`` of them: a large table gets a skipping
     filter). ``update_images`` False: the log is known to hold inserts and deletes only. ``small``: the
     log range is a small change, trimmed in one partition with the stored rows at its keys
     (`zset.one_partition`: the window and the chains need no shuffle). ``bounds``: where the log's
     keys fall in `skip_column`, as its segments recorded (None: found from the log by a query).
+    ``keys``: for a small change, the log's values of `skip_column` and whether one is NULL, as the
+    driver read them from its segments (`ivm.changes.ingest.log_keys`; None: found by the plan).
 
     The check rides on the delta's plan (one action computes both; a check and a write apart took a
     second pass over a cached timeline): the caller writes ``delta``, then calls ``check()``, and drops
@@ -271,7 +282,7 @@ def trim(name: str, table: TableConfig, log: DataFrame, snapshot: DataFrame, sto
     # (a keyed table's events carry its key beside the row, not every column twice: half the shuffle)
     events = _events(one_partition(log) if small else log, list(table.columns), list(table.key or table.columns),
                      update_images)
-    annotated = (_keyed if table.keyed else _unkeyed)(events, snapshot, table, stored_rows, small, bounds)
+    annotated = (_keyed if table.keyed else _unkeyed)(events, snapshot, table, stored_rows, small, bounds, keys)
     bad = F.col(PROBLEM).isNotNull()
     first = F.struct(*[F.col(ROW).getField(c).alias(c) for c in table.columns], F.col(COMMIT_VERSION), F.col(PROBLEM))
     observed = Observation(f"trim {name}")

@@ -59,6 +59,7 @@ from ivm.zset import (
     anti_join,
     consolidate,
     difference,
+    local_join,
     negate,
     one_partition,
     quote,
@@ -336,10 +337,28 @@ class Counting:
     def delta_rule(self, pred: str, r: int, d: DeltaRule, i: int) -> DataFrame:
         """One term of Definition 4.1 as a Spark plan, starting the joins from the Δ subgoal."""
         probed = nested.probe_indexes(self, d, i, lambda j, item, state: self.subgoal(pred, r, j, item, state))
-        probed |= references.apply(self, d, i)
-        return self.ev.rule(d.rule, lambda j, item: probed[j] if j in probed else
-                            self.subgoal(pred, r, j, item, d.states[j]),
-                            lambda j, item, df: self.absent(item, df, d.states[j]), first=i)
+        taken = references.apply(self, d, i)
+        order = join_order(d.rule.body, i, set(range(len(d.rule.body))))
+        subgoal, local = self.term_subgoals(pred, r, d, i, probed | taken, order, set(taken))
+        df = self.ev.rule(d.rule, subgoal, lambda j, item, df: self.absent(item, df, d.states[j]), first=i)
+        return one_partition(df) if local else df
+
+    def term_subgoals(self, pred: str, r: int, d: DeltaRule, i: int, probed: dict[int, DataFrame],
+                      order: list[int], taken: set[int]) -> tuple[Callable[[int, BodyItem], DataFrame | None], bool]:
+        """The relations the joins ``order`` of delta rule ``d`` (Δ subgoal ``i``) read: ``probed`` ones
+        as given, the others by `subgoal`; and whether the joins are local. They are in a small run
+        where every subgoal after the Δ one is ``taken`` from the deltas (ivm.maintain.references: in
+        one partition, as the Δ subgoal is): joined inside that partition (`zset.local_join`), the Δ
+        subgoal not broadcast (a broadcast is a Spark job of its own); the caller marks the result as in
+        one partition (`zset.one_partition`), which Spark does not tell from a join's two sides."""
+        local = self.states.small and len(order) > 1 and all(j in taken for j in order if j != i)
+
+        def subgoal(j: int, item: BodyItem) -> DataFrame | None:
+            if j in probed:
+                return local_join(probed[j]) if local and j in taken else probed[j]
+            return self.subgoal(pred, r, j, item, d.states[j], broadcast=not local)
+
+        return subgoal, local
 
     def factored(self, pred: str, r: int, ds: list[tuple[DeltaRule, int]]) -> DataFrame | None:
         """The delta rules ``ds`` of one rule (Δ subgoal positions given) as one plan when they share
@@ -376,9 +395,10 @@ class Counting:
         parts = []
         for d, i in ds:
             probed = references.apply(self, d, i, inner)
-            df, _, _ = self.ev.joins(rule, lambda j, item, d=d, probed=probed: probed[j] if j in probed else
-                                     self.subgoal(pred, r, j, item, d.states[j]), join_order(body, i, inner))
-            parts.append(df)
+            order = join_order(body, i, inner)
+            subgoal, local = self.term_subgoals(pred, r, d, i, probed, order, set(probed))
+            df, _, _ = self.ev.joins(rule, subgoal, order)
+            parts.append(one_partition(df) if local else df)
         terms = union_all(parts)
         bound = frozenset(c for c in terms.columns if c != C)
         df, _, _ = self.ev.joins(rule, lambda j, item: self.subgoal(pred, r, j, item, OLD),
@@ -388,14 +408,17 @@ class Counting:
         self.stats.joined_once[pred] = sorted(body[j].atom.pred for j in shared)
         return self.ev.finish(rule, df, inner | shared, self.ev.absent)
 
-    def subgoal(self, pred: str, r: int, j: int, item: BodyItem, state: str) -> DataFrame | None:
+    def subgoal(self, pred: str, r: int, j: int, item: BodyItem, state: str,
+                broadcast: bool = True) -> DataFrame | None:
         """The relation body item ``j`` of rule ``r`` of ``pred`` joins at ``state`` (old, new or Δ);
-        None for a negated atom outside the Δ position (an anti-join, ``absent``)."""
+        None for a negated atom outside the Δ position (an anti-join, ``absent``). A small Δ is
+        broadcast into the joins unless ``broadcast`` is False (`term_subgoals`)."""
         if isinstance(item, Literal):
             if item.negated:  # Definition 6.1 in Δ position, else an anti-join
                 return self.negation_delta(item.atom) if state == DELTA else None
             rows = self.ev.atom(item.atom, self.joined(item.atom.pred, state))
-            return F.broadcast(rows) if state == DELTA and self.states.broadcastable(item.atom.pred) else rows
+            return F.broadcast(rows) if broadcast and state == DELTA and self.states.broadcastable(item.atom.pred) \
+                else rows
         if isinstance(item, GroupBy):
             if state == DELTA:
                 return self.groupby_delta(f"{pred}__agg{r}_{j}", item)

@@ -9,9 +9,9 @@ from the run's net deltas, it is taken from them, and storage is read only for t
 * **Lookup of a keyed table** (Y joined on its whole primary key, the key's values bound by the Δ
   subgoal ΔS, Y changed in this run): Y holds one tuple per key and its net delta replaces it, so for
   a key k in ΔY, Y|k is ΔY's −1 tuple (none for an inserted key) and Yᵛ|k its +1 tuple (none for a
-  deleted key). Y is read only at the keys ΔS binds outside ΔY (collected on the driver, one small
-  job; none when every changed S row belongs to a changed Y row, as with an order inserted or deleted
-  with its lineitems).
+  deleted key). Y is read only at the keys ΔS binds outside ΔY (collected on the driver: one small
+  job, none in a small run, whose delta layers the driver reads itself; nothing is read when every
+  changed S row belongs to a changed Y row, as with an order inserted or deleted with its lineitems).
 * **Foreign key** (``tables.S.references: {fk: R.key}``, R keyed by that column, S's fk bound to the
   key by ΔR): ΔR's keys are *deleted* (their counts sum to −1: in R, not in Rᵛ), *inserted* (+1) or
   *updated* (0: in both). Referential integrity holds at both states, so for a deleted key k no Sᵛ row
@@ -38,7 +38,7 @@ from pyspark.sql import functions as F
 from ivm.config import COUNT_COLUMN
 from ivm.ir import Literal, Program, Var
 from ivm.maintain.delta_rules import DELTA, OLD, DeltaRule
-from ivm.zset import key_ranges, negate, quote, restrict, skipping_filter, union_all
+from ivm.zset import VALUES_ON_DRIVER, at_values, negate, quote, restrict, skipping_filter, union_all
 
 if TYPE_CHECKING:
     from ivm.maintain.states import DeltaContext
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 C = COUNT_COLUMN
 #: keys collected on the driver to restrict a read with an IN list; beyond that, a semi-join
-READ_LIMIT = 10_000
+READ_LIMIT = VALUES_ON_DRIVER
 
 
 def primary_key(program: Program, table: str) -> list[str]:
@@ -141,13 +141,18 @@ class KeysRead:
     ranges: Column | None = None
 
 
-def _read(c: DeltaContext, sc: Shortcut, state: str, keys: DataFrame) -> DataFrame | None:
+def _read(c: DeltaContext, sc: Shortcut, state: str, keys: DataFrame,
+          held: list | None = None) -> DataFrame | None:
     """The table at ``state`` restricted to ``keys`` (a small plan over deltas, named like the
     shortcut's columns): an IN filter on one column when there are few (the Parquet reader skips row
     groups by their statistics; base layers are sorted by key), else a semi-join behind the keys'
     ranges (`zset.skipping_filter`); None when there are none. The keys are found once per run (one
-    small job), whichever views' rules need them."""
+    small job, none when the driver ``held`` them already: their sorted values), whichever views'
+    rules need them."""
     columns = sc.columns
+    if sc not in c.shortcut_keys and held is not None:
+        c.shortcut_keys[sc] = KeysRead(held)
+        log.info("%s: %d keys to read (found on the driver)", sc, len(held))
     if sc not in c.shortcut_keys:
         if len(columns) == 1:
             # (a NULL key joins nothing: the rules here join with =)
@@ -162,12 +167,11 @@ def _read(c: DeltaContext, sc: Shortcut, state: str, keys: DataFrame) -> DataFra
     rows = c.joined(sc.table, state)
     if read.values is None:  # many keys: a semi-join behind their ranges
         return restrict(rows.where(read.ranges), keys, columns)
-    found = read.values
-    if not found:
+    if not read.values:
         return None
-    # the IN list for the join, the ranges for the Parquet reader (which turns a long IN list into one
-    # min..max range): layers sorted by the column skip the row groups between the keys
-    return rows.where(F.col(quote(columns[0])).isin(found) & key_ranges(sorted(found), columns[0]))
+    found = at_values(rows, columns[0], sorted(read.values))
+    # (a small run's frames are in one partition: the few rows found gathered there, `local_join`)
+    return found.repartition(1) if c.states.small else found
 
 
 def _lookup(c: DeltaContext, sc: Shortcut, state: str) -> DataFrame:
@@ -178,8 +182,19 @@ def _lookup(c: DeltaContext, sc: Shortcut, state: str) -> DataFrame:
     key = sc.columns
     bound = c.used_delta[sc.via].select(*[F.col(quote(b)).alias(a) for a, b in sc.pairs]).dropna().distinct()
     outside = bound.join(dy.select(*[F.col(quote(a)) for a in key]), key, "left_anti")
-    parts = [_at(dy, state), _read(c, sc, state, outside)]
+    parts = [_at(dy, state), _read(c, sc, state, outside, _held_outside(c, sc))]
     return union_all([p for p in parts if p is not None])
+
+
+def _held_outside(c: DeltaContext, sc: Shortcut) -> list | None:
+    """A lookup's keys outside ΔY as the driver finds them from the two delta layers (ΔS's values of
+    the bound column, less ΔY's keys: `RunStates.delta_values`, no Spark job); None for a key of several
+    columns, or when the layers are not read on the driver (the keys are collected then)."""
+    if len(sc.pairs) != 1 or sc in c.shortcut_keys:
+        return None
+    [(a, b)] = sc.pairs
+    bound, held = c.states.delta_values(sc.via, b), c.states.delta_values(sc.table, a)
+    return None if bound is None or held is None else sorted(set(bound) - set(held))
 
 
 def _reference(c: DeltaContext, sc: Shortcut, state: str) -> DataFrame:
@@ -191,7 +206,7 @@ def _reference(c: DeltaContext, sc: Shortcut, state: str) -> DataFrame:
     parts = []
     if ds is not None:  # deleted keys' rows at the old state, inserted keys' rows at the new one
         ending = sums.where(F.col("__sum") == (-1 if state == OLD else 1)).select(fk)
-        parts.append(_at(restrict(ds, ending, [fk], c.states.small), state))
+        parts.append(_at(restrict(ds, ending, [fk], c.states.small, local=c.states.small), state))
     if c.updated_keys.get(sc.via) == 0:  # the trim counted no updated key of ΔR: nothing to read or find
         log.info("%s: no updated keys (the trim of %s counted none), nothing to read", sc, sc.via)
     else:

@@ -80,6 +80,15 @@ class RunStates:
         df = self.read(name, paths)
         return one_partition(df) if self.small else df
 
+    def delta_values(self, name: str, column: str) -> list | None:
+        """The sorted distinct non-NULL values of ``column`` in this run's delta layer of ``name``, read
+        by pyarrow on the driver (`Warehouse.distinct_values`: no Spark job) in a small run; None in a
+        large one, or when the driver does not read them."""
+        if not self.small or name not in self.delta_paths or name in self.replaced:
+            return None
+        found = self.scratch.warehouse.distinct_values([self.delta_paths[name]], column)
+        return None if found is None else found[0]
+
     def note(self, name: str, path: str, size: int, rows: int) -> None:
         """A delta layer of ``name`` this run reads: a table's net delta, a view's from an earlier stage."""
         self.delta_paths[name], self.delta_bytes[name], self.delta_rows[name] = path, size, rows

@@ -12,7 +12,7 @@ from pyspark.util import inheritable_thread_target
 
 from ivm.catalog.store import QuarantineRef, WrittenLayer
 from ivm.changes import delta
-from ivm.changes.ingest import has_update_images, read_log
+from ivm.changes.ingest import has_update_images, log_keys, read_log
 from ivm.changes.trim import NetDelta, log_bounds, trim
 from ivm.context import RunContext
 from ivm.errors import BadChange, ChangeDataError
@@ -105,13 +105,16 @@ def trim_table(ctx: RunContext, run_id: str, item: TableDelta) -> Callable[[], T
     # the trim finds them from the log with a query)
     bounds = log_bounds(table, [s.key_bounds for s in segments])
 
+    small = item.log_rows > 0 and small_change(item.log_rows, ctx.config.spark.single_partition_rows)
+
     def net_delta(skipped: set[int]) -> NetDelta:
         changes = read_log(spark, table, segments, item.from_version, item.to_version, skipped)
         current = ctx.warehouse.read_layers(spark, [x.path for x in layers], schema)
+        # a small change's keys read on the driver: the stored rows found at them by an IN list
+        keys = log_keys(ctx.warehouse, table, segments, item.from_version, item.to_version, skipped) \
+            if small else None
         return trim(name, table, changes, current, sum(x.rows or 0 for x in layers),
-                    update_images=has_update_images(ctx.warehouse, segments),
-                    small=item.log_rows > 0 and small_change(item.log_rows, ctx.config.spark.single_partition_rows),
-                    bounds=bounds)
+                    update_images=has_update_images(ctx.warehouse, segments), small=small, bounds=bounds, keys=keys)
 
     def run() -> TableDelta:
         _stage_skipping(ctx, run_id, item, skip, net_delta)
