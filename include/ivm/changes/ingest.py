@@ -214,9 +214,7 @@ def log_keys(warehouse: Warehouse, table: TableConfig, segments: list[SegmentRef
     versions in (after, upto] but ``skip``), and whether one is NULL, read by pyarrow on the driver
     (`Warehouse.distinct_values`): a small change's trim finds the stored rows at them with an IN list,
     no Spark job for its keys. None when Spark finds them (`Warehouse.distinct_values` declines)."""
-    import pyarrow.dataset as ds
-
-    version = ds.field(COMMIT_VERSION)
+    version = pc.field(COMMIT_VERSION)
     where = (version > after) & (version <= upto)
     skip = sorted(v for v in skip if after < v <= upto)
     if skip:

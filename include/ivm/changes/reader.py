@@ -59,7 +59,7 @@ def check_path(path: str) -> None:
 
 
 def check_file_columns(name: str, table: TableConfig, present: list[str], extra_allowed: set[str], where: str,
-                   optional: Collection[str] = ()) -> None:
+                       optional: Collection[str] = ()) -> None:
     unknown = [c for c in present if c not in table.columns and c not in extra_allowed]
     if unknown:
         raise ChangeDataError(f"table {name}: {where} has unknown column {unknown[0]!r}"

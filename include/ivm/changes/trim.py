@@ -127,7 +127,7 @@ def _stored_at(snapshot: DataFrame, touched: DataFrame, columns: list[str], stor
     the rows are found by an IN filter on it (`zset.at_values`, ranges included), with no job for the
     keys' broadcast. Where the key has more columns than the first, rows of other keys come too; each
     is a chain of its stored row alone, which the net delta drops (no change) and the check passes."""
-    if keys is not None and small:
+    if keys is not None:
         found = at_values(snapshot, columns[0], *keys)
         return found.repartition(1) if stored_rows >= SKIP_MIN_ROWS else one_partition(found)
     rows = snapshot if skip is None else snapshot.where(skip.filter(columns[0]))
@@ -142,7 +142,8 @@ def _keyed(events: DataFrame, snapshot: DataFrame, table: TableConfig, stored_ro
     columns, key = list(table.columns), list(table.key or [])
     by_key = [F.col(f"`{c}`") for c in key]
     touched = events.select(*by_key)  # (a semi-join needs no distinct keys)
-    skip = None if keys is not None and small else _skip_bounds(touched, key[0], stored_rows, bounds)
+    # (a query reads the changes as they come; none where the driver holds the keys)
+    skip = None if keys is not None else _skip_bounds(touched, key[0], stored_rows, bounds)
     if not small:
         # the changes hashed by their key once (002 §3's hash table): the semi-join finding the stored
         # rows at their keys then shuffles only the stored side, and their consolidation, the union and
@@ -202,7 +203,7 @@ def _unkeyed(events: DataFrame, snapshot: DataFrame, table: TableConfig, stored_
     """The events of a bag table, after its stored tuples, each with its problem."""
     columns = list(table.columns)
     touched = events.select(*[F.col(f"`{c}`") for c in columns])
-    skip = None if keys is not None and small else _skip_bounds(touched, columns[0], stored_rows, bounds)
+    skip = None if keys is not None else _skip_bounds(touched, columns[0], stored_rows, bounds)
     old = consolidate(_stored_at(snapshot, touched, columns, stored_rows, small, skip, keys=keys), columns)
     timeline = events.unionByName(_old_events(old, columns, columns, F.col(COUNT_COLUMN)))
     w = Window.partitionBy(ROW).orderBy(*ORDER).rowsBetween(Window.unboundedPreceding, Window.currentRow)
@@ -279,6 +280,7 @@ def trim(name: str, table: TableConfig, log: DataFrame, snapshot: DataFrame, sto
     second pass over a cached timeline): the caller writes ``delta``, then calls ``check()``, and drops
     what it wrote when that raises.
     """
+    keys = keys if small else None  # (a large change's stored rows are found by a join)
     # (a keyed table's events carry its key beside the row, not every column twice: half the shuffle)
     events = _events(one_partition(log) if small else log, list(table.columns), list(table.key or table.columns),
                      update_images)

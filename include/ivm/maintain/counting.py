@@ -355,7 +355,7 @@ class Counting:
 
         def subgoal(j: int, item: BodyItem) -> DataFrame | None:
             if j in probed:
-                return local_join(probed[j]) if local and j in taken else probed[j]
+                return local_join(probed[j]) if local else probed[j]
             return self.subgoal(pred, r, j, item, d.states[j], broadcast=not local)
 
         return subgoal, local

@@ -45,8 +45,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 C = COUNT_COLUMN
-#: keys collected on the driver to restrict a read with an IN list; beyond that, a semi-join
-READ_LIMIT = VALUES_ON_DRIVER
 
 
 def primary_key(program: Program, table: str) -> list[str]:
@@ -156,13 +154,14 @@ def _read(c: DeltaContext, sc: Shortcut, state: str, keys: DataFrame,
     if sc not in c.shortcut_keys:
         if len(columns) == 1:
             # (a NULL key joins nothing: the rules here join with =)
-            values = [r[0] for r in keys.where(F.col(quote(columns[0])).isNotNull()).limit(READ_LIMIT + 1).collect()]
-            read = KeysRead(values) if len(values) <= READ_LIMIT else None
+            known = keys.where(F.col(quote(columns[0])).isNotNull()).limit(VALUES_ON_DRIVER + 1)
+            values = [r[0] for r in known.collect()]
+            read = KeysRead(values) if len(values) <= VALUES_ON_DRIVER else None
         else:
             read = KeysRead([]) if not keys.limit(1).collect() else None
         # many keys: the ranges they fall in, for the Parquet reader
         c.shortcut_keys[sc] = read if read is not None else KeysRead(None, skipping_filter(keys, columns[0]))
-        log.info("%s: %s keys to read", sc, f"over {READ_LIMIT}" if read is None else len(read.values))
+        log.info("%s: %s keys to read", sc, f"over {VALUES_ON_DRIVER}" if read is None else len(read.values))
     read = c.shortcut_keys[sc]
     rows = c.joined(sc.table, state)
     if read.values is None:  # many keys: a semi-join behind their ranges
