@@ -290,8 +290,11 @@ class CrossoverSettings(_Model):
     costs (ivm.maintain.crossover)."""
 
     enabled: bool = True
-    #: a full recompute must be estimated to save at least this many seconds ...
-    min_saving_seconds: float = Field(default=5.0, ge=0)
+    #: a full recompute must be estimated to save at least this many seconds ... (1 s: above the spread of
+    #: one view's refresh times between runs on a small change; a project's views each save their own,
+    #: so 5 s, the earlier default, kept all 22 views of tests/bench/many.py incremental at 1-3 s over
+    #: recomputes of 0.4-2.7 s each)
+    min_saving_seconds: float = Field(default=1.0, ge=0)
     #: ... and the incremental estimate must exceed the full one this many times
     ratio: float = Field(default=1.2, ge=1)
     #: incremental refreshes the estimate is fitted to (the newest)

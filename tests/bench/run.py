@@ -16,6 +16,9 @@ graph and materialized once. Then for each Δ (a fraction of the orders, or of t
     T_plain what a user without ivm runs instead: the view's SQL as Spark SQL's
             `CREATE OR REPLACE TABLE ... USING delta AS SELECT` in the same Spark (a session of its own),
             over Delta copies of the view's tables (written, unmeasured, at each Δ's start)
+    T_floor Q3 and Q5: floor.py's hand-written, unchecked incremental refresh of the same view, over
+            copies of the same tables changed by the same sequence of RF1/RF2 changes (the least a
+            refresh persisting its changes does; see floor.py)
     noop    a `refresh` with nothing new
 
 ``--repeat`` times (3), the modes interleaved, each T the median (reported with the range), after every
@@ -44,6 +47,8 @@ REPO = Path(__file__).resolve().parents[2]
 DRIVER_MEMORY = "4g"
 sys.path.insert(0, str(REPO / "tests" / "bench"))
 
+from floor import GROUPS as FLOOR_VIEWS  # noqa: E402
+from floor import Floor  # noqa: E402
 from workloads import (  # noqa: E402
     AGGREGATES,
     CLOSURE_TABLES,
@@ -59,7 +64,7 @@ from workloads import (  # noqa: E402
     tpch,
 )
 
-from ivm.spark import JobMetrics  # noqa: E402
+from ivm.spark import ADAPTIVE, JobMetrics  # noqa: E402
 
 
 @dataclass
@@ -142,6 +147,30 @@ class PlainSpark:
         self.spark.sql(f"CREATE OR REPLACE TABLE delta.`{self.folder / 'view'}` USING delta AS {self.sql}")
 
 
+class FloorRefresh:
+    """T_floor: floor.py's hand-written incremental refresh of the view (Q3, Q5), over its own copies of
+    the tables and its own sequence of RF1/RF2 changes (a `RefreshSets` of its own: the same changes ivm's
+    project gets, in the same order), with adaptive execution off as floor.py runs it."""
+
+    def __init__(self, spark, view: str, data: Path, root: Path):
+        self.spark, self.folder = spark, root / f"changes-floor-{view}"
+        self.floor = Floor(spark, view, data, root / f"floor-{view}")
+        self.changes = RefreshSets(data)
+
+    def change(self, fraction: float):
+        """The next change of ``fraction`` written (unmeasured); returns the refresh that applies it."""
+        files = self.changes.make(fraction, self.folder)
+
+        def refresh() -> None:
+            adaptive = self.spark.conf.get(ADAPTIVE)
+            self.spark.conf.set(ADAPTIVE, "false")
+            try:
+                self.floor.incremental(files)
+            finally:
+                self.spark.conf.set(ADAPTIVE, adaptive)
+        return refresh
+
+
 def project_for(view: str, root: Path, sf: float, edges: int):
     """A project holding ``view`` and the tables it reads, loaded and materialized."""
     from ivm import Project
@@ -213,6 +242,10 @@ def run_view(view: str, args, root: Path, counters_for) -> list[Figure]:
         plain.copy_tables()
         plain_warmup = warm_up(lambda: None, plain.run, FULL_WARMUP)
         print(f"{view}: plain Spark warm-up {', '.join(f'{t:.2f}' for t in plain_warmup)} s", flush=True)
+    floor = FloorRefresh(project.spark, view, data, root) if view in FLOOR_VIEWS else None
+    if floor is not None:  # (as many unmeasured rounds as ivm's incremental refreshes had)
+        floor_warmup = warm_up(lambda: None, lambda: floor.change(min(args.deltas))())
+        print(f"{view}: floor warm-up {', '.join(f'{t:.2f}' for t in floor_warmup)} s", flush=True)
     for fraction, kind in plan:
         # each Δ's measurements start from compacted relations (one base layer each; unmeasured): the
         # figures run at the few layers a compacted project holds, not at however many the earlier
@@ -236,6 +269,9 @@ def run_view(view: str, args, root: Path, counters_for) -> list[Figure]:
             if plain is not None:  # T_plain: the user's CREATE OR REPLACE TABLE ... AS SELECT
                 _, *numbers = counters.measure(plain.run)
                 rounds.setdefault("plain", []).append(Figure(view, fraction, kind, "plain", 0, *numbers))
+            if floor is not None:  # T_floor: the hand-written refresh of a change of the same size
+                _, *numbers = counters.measure(floor.change(fraction))
+                rounds.setdefault("floor", []).append(Figure(view, fraction, kind, "floor", 0, *numbers))
             if args.auto:  # a third change of the same size under --mode auto: the crossover's choice
                 n = append(fraction, kind)
                 result, *numbers = counters.measure(lambda: project.refresh([name]))
@@ -259,6 +295,10 @@ def run_view(view: str, args, root: Path, counters_for) -> list[Figure]:
                   f"{medians['auto'].seconds:.2f} s", flush=True)
     _, *numbers = counters.measure(lambda: project.refresh([name]))
     figures.append(Figure(view, 0.0, "noop", "incremental", 0, *numbers))
+    if floor is not None:  # (else the floor measured the wrong thing: floor.py's own check)
+        checked = "equals" if floor.floor.check() else "does NOT equal"
+        print(f"{view}: the floor's incrementally kept view {checked} a recompute", flush=True)
+        figures[-1] = replace(figures[-1], detail=f"the floor's view {checked} a recompute")
     project.close()
     return figures
 
@@ -317,24 +357,31 @@ def report(figures: list[Figure], args, out: Path) -> None:
              "- T_plain: the view's SQL as `CREATE OR REPLACE TABLE delta.`...` USING delta AS SELECT` in a new "
              "session of the same Spark, over Delta copies of the tables at the Δ's start (written unmeasured), "
              f"after {FULL_WARMUP} unmeasured runs; measured in the same rounds, after T_full (— for a Datalog view)",
+             "- T_floor (Q3, Q5): floor.py's hand-written, unchecked incremental refresh of the same view over its "
+             "own copies of the tables, changed by the same RF1/RF2 sequence, adaptive execution off; after "
+             f"{WARMUP} unmeasured rounds, measured in the same rounds, after T_plain",
              "",
              "| view | Δ | kind | changed rows | T_inc s | T_full s | T_plain s | T_inc/T_plain | T_full/T_plain | "
-             "T_inc/T_full | jobs inc/full | rows read inc/full | bytes written inc/full |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "T_floor s | T_inc/T_floor | T_inc/T_full | jobs inc/full | rows read inc/full | bytes written inc/full |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     by: dict[tuple, dict[str, Figure]] = {}
     for f in figures:
         by.setdefault((f.view, f.delta, f.change), {})[f.mode] = f
     for (view, delta, kind), pair in by.items():
-        inc, full, plain = pair["incremental"], pair.get("full"), pair.get("plain")
+        inc, full, plain, floor = pair["incremental"], pair.get("full"), pair.get("plain"), pair.get("floor")
         if full is None:
-            lines.append(f"| {view} | — | no-op refresh | 0 | {inc.seconds:.2f} | | | | | | {inc.jobs} | "
+            lines.append(f"| {view} | — | no-op refresh | 0 | {inc.seconds:.2f} | | | | | | | | {inc.jobs} | "
                          f"{inc.rows_read} | {inc.bytes_written} |")
             continue
         vs_plain = (f"{timed(plain)} | {inc.seconds:.2f}/{plain.seconds:.2f} = {inc.seconds / plain.seconds:.3f} | "
                     f"{full.seconds / plain.seconds:.3f}") if plain else "— | — | —"
+        vs_floor = f"{timed(floor)} | {inc.seconds / floor.seconds:.3f}" if floor else "— | —"
         lines.append(f"| {view} | {delta:.2%} | {kind} | {inc.changes} | {timed(inc)} | {timed(full)} | {vs_plain} | "
-                     f"{inc.seconds / full.seconds:.3f} | {inc.jobs}/{full.jobs} | {inc.rows_read}/{full.rows_read} | "
-                     f"{inc.bytes_written}/{full.bytes_written} |")
+                     f"{vs_floor} | {inc.seconds / full.seconds:.3f} | {inc.jobs}/{full.jobs} | "
+                     f"{inc.rows_read}/{full.rows_read} | {inc.bytes_written}/{full.bytes_written} |")
+    checks = [f"{f.view}: {f.detail}" for f in figures if f.change == "noop" and f.detail]
+    if checks:
+        lines += ["", "At the end, floor.py's check: " + "; ".join(checks) + "."]
     for mode, what in (("incremental", "incremental refreshes at the smallest Δ"), ("full", "full refreshes")):
         warmups = {(f.view, f.change): f.warmup for f in figures if f.warmup and f.mode == mode}
         if warmups:
@@ -387,7 +434,7 @@ def chart(by: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, len(series), figsize=(4 * len(series), 3.2), squeeze=False)
     for ax, (name, sides) in zip(axes[0], series.items(), strict=True):
         for side, label, style in [("incremental", "T_inc", "o-"), ("full", "T_full", "s--"),
-                                   ("plain", "T_plain", "^:")]:
+                                   ("plain", "T_plain", "^:"), ("floor", "T_floor", "v-.")]:
             pts = sorted(sides.get(side, []))
             ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label)
         ax.set_xscale("log")

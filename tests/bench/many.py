@@ -1,0 +1,133 @@
+"""Many views, a small change (the plain Spark issue, item 3): the 22 TPC-H queries as one project's views
+over a tiny database (SF 0.01), the change a round of tests/spark/test_tpch.py's (RF1, RF2 and key-preserving
+updates of customers, parts, suppliers and partsupp: ~250 changed rows in 6 tables). Not a test: figures
+are measured and reported, never asserted.
+
+    .venv/bin/python tests/bench/many.py [--rounds 3] [--validate] [--out tests/bench/results/many]
+
+Measures, in one warm Spark session: the first full materialization of all views (T_first, after an
+unmeasured one of a copy of the project, so both pay the same warm JVM), then ``--rounds`` incremental
+refreshes (the default mode, `auto`: the cost model may recompute a view; one warm-up round before them,
+unmeasured), each of one round of changes. The issue's goal: T_refresh / T_first ≤ 0.3. Reports per round
+the Spark jobs and each view's mode and seconds (the run record's), and per view the median of its
+seconds, so the fixed cost of one more view is visible.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO / "include"), str(REPO), str(REPO / "tests" / "bench")]
+
+from run import lower_middle, machine  # noqa: E402
+
+from ivm.spark import JobMetrics  # noqa: E402
+from tests.tpch import QUERIES, TABLES, Tables, round_of_changes  # noqa: E402
+
+SF = 0.01
+VALIDATION = {True: "on (each view's default sample)", False: "off"}
+
+
+def project(root: Path, data: Path, t: Tables, validate: bool):
+    """The 22 views' project in ``root``, its tables loaded from DuckDB's current state."""
+    from ivm import Project
+
+    root.mkdir(parents=True, exist_ok=True)
+    views = {q: {"sql": sql, **({} if validate else {"validate": {"sample": 0}})} for q, sql in QUERIES.items()}
+    (root / "ivm.yaml").write_text(yaml.safe_dump({
+        "warehouse": "./warehouse", "spark": {"master": "local[2]", "conf": {"spark.sql.shuffle.partitions": "4"}},
+        "tables": TABLES, "views": views}, sort_keys=False))
+    p = Project.open(str(root / "ivm.yaml"))
+    p.apply()
+    for name in TABLES:
+        p.load(name, t.snapshot(name))
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3, help="measured incremental refreshes (their median reported)")
+    ap.add_argument("--validate", action="store_true",
+                    help="keep each view's default sampled recomputation on (off by default, as in run.py)")
+    ap.add_argument("--work", default=str(REPO / ".bench" / "many"), help="data, project and warehouse")
+    ap.add_argument("--out", default=str(REPO / "tests" / "bench" / "results" / "many"))
+    args = ap.parse_args(argv)
+    work = Path(args.work)
+    shutil.rmtree(work, ignore_errors=True)
+    data = work / "data"
+    data.mkdir(parents=True)
+    subprocess.run([str(Path(sys.executable).parent / "tpchgen-cli"), "parquet", "-s", f"{SF:g}",
+                    f"--output-dir={data}"], check=True, capture_output=True)
+    t = Tables(data, work / "changes")
+    (work / "changes").mkdir()
+
+    warm = project(work / "warm", data, t, args.validate)
+    warm.refresh()  # unmeasured: the JVM's first plans and code generation
+    p = project(work / "project", data, t, args.validate)
+    metrics = JobMetrics(p.spark)
+    print("first full materialization of", len(QUERIES), "views", flush=True)
+    with metrics.measure("first") as first:
+        p.refresh()
+    print(f"  {first.seconds:.1f} s, {first.jobs} jobs", flush=True)
+
+    rng = random.Random(49)
+    rounds = []
+    for i in range(args.rounds + 1):
+        changed = 0
+        for name, paths in round_of_changes(t, rng).items():
+            for path in paths:
+                changed += p.append(name, path).rows
+        with metrics.measure(f"round {i}") as m:
+            result = p.refresh()
+        print(f"  round {i}{' (warm-up)' if i == 0 else ''}: {changed} changed rows, {m.seconds:.1f} s, {m.jobs} jobs",
+              flush=True)
+        if i:
+            rounds.append((m.seconds, m.jobs, changed, result))
+    p.close()
+    warm.close()
+    report(rounds, first, args, Path(args.out))
+    return 0
+
+
+def report(rounds, first, args, out: Path) -> None:
+    seconds, jobs, changed, result = lower_middle(rounds, key=lambda r: r[0])
+    per_view = {v.view: [] for v in rounds[0][3].views}
+    for *_, r in rounds:
+        for v in r.views:
+            per_view[v.view].append(v)
+    lines = ["# Many views, a small change: 22 TPC-H views over SF 0.01", "", *[f"- {m}" for m in machine()],
+             f"- validation {VALIDATION[args.validate]}; "
+             "the default refresh mode (`auto`); views published as Delta tables (the default); one unmeasured "
+             "warm-up round",
+             "", "| measure | seconds | Spark jobs |", "|---|---|---|",
+             f"| first full materialization (T_first) | {first.seconds:.1f} | {first.jobs} |",
+             f"| incremental refresh, median of {len(rounds)} (T_refresh; {changed} changed rows) | {seconds:.1f} | "
+             f"{jobs} |",
+             f"| **T_refresh / T_first** (goal ≤ 0.3) | **{seconds / first.seconds:.2f}** | |",
+             "", f"Every round: {', '.join(f'{s:.1f} s ({j} jobs, {c} rows)' for s, j, c, _ in rounds)}.", "",
+             "Tables: " + ", ".join(f"{d.table} {d.log_rows} → {d.delta_rows} rows, {d.seconds:.2f} s"
+                                    for d in result.tables) + " (the median round's trim).", "",
+             "| view | modes | seconds (median) | rows changed (median round) |", "|---|---|---|---|"]
+    for view, works in per_view.items():
+        median = lower_middle(works, key=lambda v: v.seconds)
+        modes = ", ".join(sorted({str(v.mode) for v in works}))
+        this = next(v for v in result.views if v.view == view)
+        changed = "—" if this.rows_changed is None else this.rows_changed  # (a recompute does not count them)
+        lines.append(f"| {view} | {modes} | {median.seconds:.2f} | {changed} |")
+    total = sum(lower_middle([v.seconds for v in works]) for works in per_view.values())
+    lines.append(f"| sum of the views | | {total:.1f} | |")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
