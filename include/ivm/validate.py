@@ -55,6 +55,7 @@ from ivm.config import COUNT_COLUMN
 from ivm.errors import IvmError, one_line
 from ivm.expectations import EXPECTED, STAGED
 from ivm.ir import GroupBy, Program, Var
+from ivm.lang.sql import union_in_recursion
 from ivm.maintain.strategy import Form
 from ivm.spark import adaptive
 from ivm.storage import Scratch
@@ -519,6 +520,11 @@ class SqlText:
         udas = [a for r in [view, *read] if r in config.views for a in used_by(config.aggregates, config.views[r].sql)]
         if udas:  # (asked first: Spark's analysis error would be logged whole before it is caught)
             return f"it calls the user-defined aggregate {udas[0]}, which Spark SQL does not know"
+        recursive = next(((r, cte) for r in [view, *read] if r in config.views
+                          if (cte := union_in_recursion(config.views[r].sql))), None)
+        if recursive:  # (likewise)
+            return (f"Spark SQL cannot run its text: {recursive[0]}'s recursive CTE {recursive[1]} combines with "
+                    "UNION, which Spark SQL runs with UNION ALL only")
         schema = self.ctx.schema(view)
         names = [f.name for f in schema.fields if f.name != COUNT_COLUMN]
         try:

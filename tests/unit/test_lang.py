@@ -9,6 +9,7 @@ from ivm.config import parse_project
 from ivm.errors import ConfigError
 from ivm.ir import GroupBy, aggregate_kind
 from ivm.lang import compile_project
+from ivm.lang.sql import union_in_recursion
 from ivm.maintain.counting import ephemeral
 from ivm.stratify import stratify
 
@@ -183,6 +184,19 @@ def test_a_view_that_selects_its_recursive_cte_as_is_is_the_cte():
         assert not [p for p in prog.predicates if p.startswith(f"{view}__")]
     for view in ("swapped", "filtered", "twice"):
         assert f"{view}__1" in prog.predicates and prog.predicates[view].semantics == "bag"
+
+
+def test_a_recursive_cte_that_unions_as_a_set_is_named_before_spark_sql_is_asked():
+    """ivm keeps WITH RECURSIVE ... UNION (a set: DRed); Spark SQL runs recursive CTEs with UNION ALL
+    only, so the validation's run of a view's own text asks `union_in_recursion` first."""
+    body = "SELECT src, dst FROM link {} SELECT r.src, l.dst FROM r JOIN link l ON r.dst = l.src"
+    assert union_in_recursion(f"WITH RECURSIVE r(src, dst) AS ({body.format('UNION')}) SELECT * FROM r") == "r"
+    assert union_in_recursion(f"WITH RECURSIVE r(src, dst) AS ({body.format('UNION ALL')}) SELECT * FROM r") is None
+    # a CTE that does not read itself may union as a set, recursive clause or not; so may the query
+    assert union_in_recursion("WITH RECURSIVE a AS (SELECT src FROM link UNION SELECT dst FROM link), "
+                              "r(x) AS (SELECT src FROM a UNION ALL SELECT x FROM r) SELECT * FROM r") is None
+    assert union_in_recursion("SELECT src FROM link UNION SELECT dst FROM link") is None
+    assert union_in_recursion("SELEC nothing") is None  # (Spark SQL's own error says why)
 
 
 def test_sql_subqueries_and_set_operators():

@@ -742,6 +742,27 @@ class SqlCompiler:
         self.program.rules.append(Rule(Atom(target.name, tuple(rewrite(n) for n in nodes)), tuple(body)))
 
 
+def union_in_recursion(sql: str) -> str | None:
+    """The name of a recursive CTE of ``sql`` whose definition refers to itself and combines with UNION
+    (a set) rather than UNION ALL: ivm maintains it (DRed, 000 §7), Spark SQL's analysis refuses it
+    (UNION_NOT_SUPPORTED_IN_RECURSIVE_CTE, logged whole by Spark before the caller could catch it), so
+    a caller that would run the text in Spark SQL asks first. None when there is none (or the text
+    does not parse: the caller's Spark SQL says why)."""
+    try:
+        tree = sqlglot.parse_one(sql, read="spark")
+    except ParseError:
+        return None
+    for with_ in tree.find_all(exp.With):
+        if not with_.args.get("recursive"):
+            continue
+        for cte in with_.expressions:
+            name = cte.alias_or_name
+            if any(t.name == name for t in cte.this.find_all(exp.Table)) and \
+                    any(u.args.get("distinct") for u in cte.this.find_all(exp.Union)):
+                return name
+    return None
+
+
 def _renamed(tree: exp.Expression, variables: dict[str, Var]) -> exp.Expression:
     """``tree`` with its columns named as the variables they are bound to."""
     return tree.copy().transform(lambda n: exp.column(variables[n.name].name, quoted=True)
