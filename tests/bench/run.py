@@ -32,6 +32,7 @@ it is measured on its own. The results go to ``<out>/results.md`` (with the mach
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import platform
 import shutil
@@ -149,13 +150,14 @@ class PlainSpark:
 
 class FloorRefresh:
     """T_floor: floor.py's hand-written incremental refresh of the view (Q3, Q5), over its own copies of
-    the tables and its own sequence of RF1/RF2 changes (a `RefreshSets` of its own: the same changes ivm's
-    project gets, in the same order), with adaptive execution off as floor.py runs it."""
+    the tables and its own sequence of RF1/RF2 changes (``changes``, a copy of ivm's `RefreshSets` made
+    before its first change: the same changes ivm's project gets, in the same order; the copy shares the
+    tables it draws from, which at SF 10 hold GBs), with adaptive execution off as floor.py runs it."""
 
-    def __init__(self, spark, view: str, data: Path, root: Path):
+    def __init__(self, spark, view: str, data: Path, root: Path, changes: RefreshSets):
         self.spark, self.folder = spark, root / f"changes-floor-{view}"
         self.floor = Floor(spark, view, data, root / f"floor-{view}")
-        self.changes = RefreshSets(data)
+        self.changes = changes
 
     def change(self, fraction: float):
         """The next change of ``fraction`` written (unmeasured); returns the refresh that applies it."""
@@ -214,6 +216,7 @@ def run_view(view: str, args, root: Path, counters_for) -> list[Figure]:
         plan = [(d, kind) for d in args.deltas for kind in ("insert", "delete")]
     else:
         changes = RefreshSets(data)
+        floor_changes = copy.copy(changes)  # (before the first change: FloorRefresh's sequence)
         plan = [(d, "RF1+RF2") for d in args.deltas]
     name = view.split("@")[0]
 
@@ -242,7 +245,7 @@ def run_view(view: str, args, root: Path, counters_for) -> list[Figure]:
         plain.copy_tables()
         plain_warmup = warm_up(lambda: None, plain.run, FULL_WARMUP)
         print(f"{view}: plain Spark warm-up {', '.join(f'{t:.2f}' for t in plain_warmup)} s", flush=True)
-    floor = FloorRefresh(project.spark, view, data, root) if view in FLOOR_VIEWS else None
+    floor = FloorRefresh(project.spark, view, data, root, floor_changes) if view in FLOOR_VIEWS else None
     if floor is not None:  # (as many unmeasured rounds as ivm's incremental refreshes had)
         floor_warmup = warm_up(lambda: None, lambda: floor.change(min(args.deltas))())
         print(f"{view}: floor warm-up {', '.join(f'{t:.2f}' for t in floor_warmup)} s", flush=True)
