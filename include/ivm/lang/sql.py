@@ -20,6 +20,7 @@ columns in any way; `op ANY (subquery)` is EXISTS with the comparison (003 §6.3
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 
@@ -742,12 +743,14 @@ class SqlCompiler:
         self.program.rules.append(Rule(Atom(target.name, tuple(rewrite(n) for n in nodes)), tuple(body)))
 
 
+@functools.lru_cache(maxsize=1024)
 def union_in_recursion(sql: str) -> str | None:
     """The name of a recursive CTE of ``sql`` whose definition refers to itself and combines with UNION
     (a set) rather than UNION ALL: ivm maintains it (DRed, 000 §7), Spark SQL's analysis refuses it
     (UNION_NOT_SUPPORTED_IN_RECURSIVE_CTE, logged whole by Spark before the caller could catch it), so
     a caller that would run the text in Spark SQL asks first. None when there is none (or the text
-    does not parse: the caller's Spark SQL says why)."""
+    does not parse: the caller's Spark SQL says why). Kept per text: the validation asks it of every
+    view a checked view reads, in every run."""
     try:
         tree = sqlglot.parse_one(sql, read="spark")
     except ParseError:
