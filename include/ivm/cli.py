@@ -50,7 +50,7 @@ def _catalog(args):
 
 def cmd_apply(args) -> int:
     project = _open(args)
-    changes = project.apply()
+    changes = project.apply(recheck=args.recheck)
     for line in changes or ["nothing changed"]:
         _out(line)
     _out(f"catalog: {project.catalog.masked_url}")
@@ -295,6 +295,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("apply", parents=[common], help="create or update tables and views in the catalog")
+    p.add_argument("--recheck", action="store_true",
+                   help="apply the project file in full even if it is as last applied (Spark analyses every view "
+                        "again, views are registered in the Spark catalog again)")
     p.set_defaults(func=cmd_apply)
 
     p = sub.add_parser("load", parents=[common], help="load a table's initial snapshot (Parquet, CSV, JSON lines)")

@@ -7,6 +7,8 @@ so a project works from any current directory.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 from pathlib import Path
@@ -440,6 +442,16 @@ class ProjectConfig(_Model):
 
         for t in edges:
             visit(t, [t])
+
+    def digest(self) -> str:
+        """SHA-256 of the project as read (every setting, every view's text, environment variables
+        substituted, the folder resolved) and of ivm's version: `ivm apply` of a file whose digest the
+        catalog recorded at the last apply has nothing to do (ivm.project.Project.apply). Key order is
+        kept: a table's columns in another order are another table."""
+        from ivm import __version__
+
+        doc = {**self.model_dump(mode="json", by_alias=True), "root": str(Path(self.root).resolve())}
+        return hashlib.sha256(json.dumps([__version__, doc], default=str).encode()).hexdigest()
 
     # -- resolved names and locations ---------------------------------------------------------------
 

@@ -23,7 +23,7 @@ from ivm.lang import compile_project
 from ivm.maintain import counting, strategy
 from ivm.maintain.groupby import GroupByState
 from ivm.maintain.recompute import Evaluator, as_used
-from ivm.spark import project_conf, session
+from ivm.spark import project_conf, quiet_query_context, session
 from ivm.storage import Warehouse
 from ivm.stratify import Strata, stratify
 from ivm.zset import expand
@@ -50,6 +50,7 @@ class RunContext:
         else:  # (the project's settings, its views' names kept in a metastore under the warehouse)
             spark = session(self.config.spark.model_copy(update={"conf": project_conf(self.config)}))
         register_aggregates(spark, self.config.aggregates)
+        quiet_query_context()
         return spark
 
     @property

@@ -122,14 +122,24 @@ class Project:
                 for spec in view.validate_.expectations:
                     user_expectation(spec.model_dump(), name, columns)
 
-    def apply(self) -> list[str]:
+    def apply(self, recheck: bool = False) -> list[str]:
         """`ivm apply`: record the project's tables and views in the catalog.
 
         Every view is compiled and stratified first: a bad definition is refused with the view and
         construct named, and nothing is stored. A table that already holds data or changes keeps its
         key and columns, which may be added to and widened (ivm.evolution); any other change would
         reinterpret stored files, and is refused too.
+
+        The project file's digest is recorded with the definitions: the same file applied again (a
+        script's or a deployment's routine `ivm apply`) answers from the catalog without starting Spark,
+        after checking with delta-rs that the Delta sources' change data feeds are still on (#49 item
+        4). ``recheck`` applies it in full anyway (Spark analyses every view again, the Spark catalog
+        names are registered again), e.g. after the metastore or a Python aggregate's module changed.
         """
+        digest = self.config.digest()
+        unchanged = None if recheck else self._applied_unchanged(digest)
+        if unchanged is not None:
+            return [unchanged]
         _ = self.program
         self._check_types()
         for view, cfg in self.config.views.items():
@@ -163,10 +173,25 @@ class Project:
         # catalog's definitions change; registering again is a no-op)
         registered = (sinks.register(self.ctx) if self.config.storage.delta_views
                       and self.config.storage.register_views else [])
-        changes = self.catalog.save_definitions(tables, views)
+        changes = self.catalog.save_definitions(tables, views, digest)
         dropped = sorted(set(applied) - set(self.config.tables))
         changes += [f"table {n} is no longer in the project file (its data is kept)" for n in dropped]
         return changes + notes + [f"view {name} registered in the Spark catalog" for name in registered]
+
+    def _applied_unchanged(self, digest: str) -> str | None:
+        """What `apply` says when the catalog holds this very project file applied (its digest), and the
+        Delta sources' feeds are on still; None when it must apply in full (a change, a first apply, a
+        source named through the Spark catalog: only Spark finds it)."""
+        applied = self.catalog.applied_digest()
+        if applied is None or applied[0] != digest or any(
+                t.source is not None and t.source.table is not None for t in self.config.tables.values()):
+            return None
+        for name, table in self.config.tables.items():
+            if table.source is not None:
+                delta.check_feed(name, self.ctx.source_location(name))
+        log.info("the project file is as applied at %s: nothing to apply", applied[1])
+        return (f"nothing changed: the project file is as applied at {applied[1]:%Y-%m-%d %H:%M:%S} UTC "
+                "(`ivm apply --recheck` analyses it with Spark again)")
 
     def _evolved_views(self, evolved: list[evolution.Evolution]) -> tuple[list[str], list[str]]:
         """What the evolution of tables does to the stored views over them, from their stored files'
@@ -214,16 +239,19 @@ class Project:
         run_id = new_id("load-")
         with self.catalog.run(run_id, "load", {table: 0}, [table], leases=[table],
                               lease_timeout=self.ctx.lease_timeout):
-            return ingest.load_snapshot(self.spark, self.catalog, self.warehouse, table, cfg, path, run_id,
-                                        self.config.storage.target_file_mb)
+            return ingest.load_snapshot(lambda: self.spark, self.catalog, self.warehouse, table, cfg, path, run_id,
+                                        self.config.storage.target_file_mb, self._time_zone())
 
     def append(self, table: str, path: str, fmt: str = "cdf") -> ingest.AppendResult:
         """`ivm log append`: validate and store a change file as the table's next log segment."""
         cfg = self._loaded_here(table)
         added = self.catalog.table_defs()[table].added_columns or []
-        time_zone = project_conf(self.config).get("spark.sql.session.timeZone", "UTC")
         return ingest.append_log(lambda: self.spark, self.catalog, self.warehouse, table, cfg, path, fmt, added,
-                                 time_zone)
+                                 self._time_zone())
+
+    def _time_zone(self) -> str:
+        """The time zone of the project's Spark session (a file read without Spark reads times in it)."""
+        return project_conf(self.config).get("spark.sql.session.timeZone", "UTC")
 
     def quarantine(self, table: str, version: int, reason: str | None = None) -> str:
         """`ivm log quarantine`: set a commit (a Delta source's Delta version) aside (ivm.changes.quarantine)."""
@@ -350,10 +378,10 @@ class Project:
         return self.ctx.read_zset(name)
 
     def _readable(self, name: str) -> None:
-        """NotFoundError for an unknown name or a view not materialized yet."""
-        self.schema(name)
+        """NotFoundError for an unknown name or a view not materialized yet (told before Spark starts)."""
         if name in self.config.views and self.catalog.state(name).version_id is None:
             raise NotFoundError(f"view {name} has not been materialized yet; run `ivm refresh`")
+        self.schema(name)
 
     def last_delta(self, name: str) -> DataFrame | None:
         """What the newest version of a relation changed, as a Z-set (+n inserted, -n deleted tuples):

@@ -40,6 +40,7 @@ from ivm.changes import delta
 from ivm.config import COUNT_COLUMN, resolve_location
 from ivm.context import RunContext
 from ivm.errors import ConfigError, IvmError, one_line
+from ivm.storage import SPARK_SCHEMA
 from ivm.zset import quote
 
 log = logging.getLogger(__name__)
@@ -121,10 +122,6 @@ def write_view(ctx: RunContext, view: str, previous: int | None, delta_path: str
     return out
 
 
-#: the Spark schema Spark writes into the footer of every Parquet file
-_SPARK_SCHEMA = b"org.apache.spark.sql.parquet.row.metadata"
-
-
 def small_layers(ctx: RunContext, view: str, limit_mb: int | None = None) -> tuple[list[str], StructType] | None:
     """The Parquet files of the view's (or a table's) published layers and their Spark schema (from the
     files' footers) when delta-rs may write the view without a JVM (`state_without_jvm`); None when that
@@ -142,7 +139,7 @@ def small_layers(ctx: RunContext, view: str, limit_mb: int | None = None) -> tup
             or sum(x.bytes for x in layers) > limit * 2**20 or any("://" in p for p in paths)):
         return None
     files = [f for p in paths for f in ds.dataset(p, format="parquet").files]
-    footers = {(pq.read_schema(f).metadata or {}).get(_SPARK_SCHEMA) for f in files}
+    footers = {(pq.read_schema(f).metadata or {}).get(SPARK_SCHEMA) for f in files}
     if None in footers:
         return None
     # (layers written by different plans may differ in a column's nullability alone, e.g. a REDUCE

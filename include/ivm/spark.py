@@ -153,6 +153,22 @@ def local_file_system(master: str, conf: dict[str, str]) -> dict[str, str]:
     return {**conf, "spark.driver.extraClassPath": path, "spark.hadoop.fs.file.impl": LOCAL_FS_CLASS}
 
 
+#: PySpark's loggers of the query context of a Spark error (pyspark.errors.exceptions.base): each error
+#: that carries one is logged whole, as JSON with the JVM's stack, at ERROR on stderr before it is raised.
+#: ivm catches the errors it foresees (a view Spark cannot type, at `ivm apply`) and words them in one line,
+#: so those lines told a user nothing the error did not; an error ivm does not foresee still carries its
+#: message and query context out (and `-v` prints its traceback).
+QUERY_CONTEXT_LOGGERS = ("SQLQueryContextLogger", "DataFrameQueryContextLogger")
+
+
+def quiet_query_context() -> None:
+    """PySpark's query-context loggers above ERROR (`QUERY_CONTEXT_LOGGERS`)."""
+    from pyspark.logger import PySparkLogger
+
+    for name in QUERY_CONTEXT_LOGGERS:
+        PySparkLogger.getLogger(name).setLevel(logging.CRITICAL)
+
+
 def session(settings: SparkSettings | None = None, app_name: str = "ivm"):
     """The active SparkSession, or a new one built from the project's `spark:` settings."""
     from pyspark.sql import SparkSession

@@ -37,6 +37,10 @@ from ivm.zset import BROADCAST_BYTES, VALUES_ON_DRIVER, consolidate, consolidate
 log = logging.getLogger(__name__)
 
 
+#: the footer key under which Spark writes a Parquet file's Spark schema
+SPARK_SCHEMA = b"org.apache.spark.sql.parquet.row.metadata"
+
+
 class Warehouse:
     """Paths and file operations under one warehouse URI."""
 
@@ -192,11 +196,7 @@ class Warehouse:
         Within a run (``run_id``) a relation gets at most one layer of each kind, named after the run:
         a retried stage overwrites what its failed attempt wrote instead of leaving it behind.
         """
-        if run_id is not None:
-            digest = hashlib.sha1(f"{run_id}/{relation}".encode()).hexdigest()[:12]
-            layer_id = f"{kind}-{run_id[:40]}-{digest}"
-        else:
-            layer_id = new_id(f"{kind}-")
+        layer_id = _layer_id(relation, kind, run_id)
         path = self.layer_path(relation, layer_id)
         if kind == "base" and cluster_by:
             cols = [F.col(f"`{c}`") for c in cluster_by]
@@ -208,6 +208,21 @@ class Warehouse:
         rows, size = self.parquet_stats(path)
         log.info("wrote %s layer of %s: %s rows, %s bytes", kind, relation, rows, size)
         return WrittenLayer(layer_id, relation, kind, path, rows, size)
+
+    def write_arrow_layer(self, rows: pa.Table, schema: StructType, relation: str, kind: str,
+                          run_id: str) -> WrittenLayer:
+        """`write_layer` of a small Z-set the driver holds (in the order it is to be stored), written by
+        pyarrow as one file, as Spark reads it (ivm.changes.ingest: a small `ivm load` without a JVM), with
+        the relation's ``schema`` in the footer where Spark puts it (`SPARK_SCHEMA`: read by
+        `ivm.sinks.small_layers`)."""
+        layer_id = _layer_id(relation, kind, run_id)
+        path = self.layer_path(relation, layer_id)
+        self.delete(path)  # (a retried stage overwrites its layer)
+        metadata = {**(rows.schema.metadata or {}), SPARK_SCHEMA: with_count(schema).json().encode()}
+        self.write_parquet(path, rows.replace_schema_metadata(metadata))
+        log.info("wrote %s layer of %s: %s rows (pyarrow)", kind, relation, rows.num_rows)
+        rows_written, size = self.parquet_stats(path)
+        return WrittenLayer(layer_id, relation, kind, path, rows_written, size)
 
     def read_layers(self, spark: SparkSession, paths: Sequence[str], schema: StructType,
                     reuse: bool = True) -> DataFrame:
@@ -265,6 +280,15 @@ class Warehouse:
         if not size_bytes:
             return 1
         return max(1, math.ceil(size_bytes / (target_mb * 1024 * 1024)))
+
+
+def _layer_id(relation: str, kind: str, run_id: str | None) -> str:
+    """A new layer's name. Within a run (``run_id``) a relation gets at most one layer of each kind,
+    named after the run: a retried stage overwrites what its failed attempt wrote."""
+    if run_id is None:
+        return new_id(f"{kind}-")
+    digest = hashlib.sha1(f"{run_id}/{relation}".encode()).hexdigest()[:12]
+    return f"{kind}-{run_id[:40]}-{digest}"
 
 
 class Scratch:

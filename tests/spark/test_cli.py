@@ -52,6 +52,34 @@ def test_the_commands_end_to_end(capsys, project_file, tmp_path, monkeypatch):
     assert run(capsys, "gc")[1].startswith("gc: dropped")
 
 
+def test_the_same_project_file_applied_again_starts_no_spark(capsys, tmp_path, spark, monkeypatch):
+    """`ivm apply` records the project file's digest: the same file applied again answers from the catalog
+    without Spark (#49 item 4); a changed file, or `--recheck`, is applied in full, and Spark's analysis
+    refuses a view it cannot evaluate, recording nothing."""
+    from ivm import context
+
+    hop = {"hop": {"sql": "SELECT a.src, b.dst FROM link a JOIN link b ON a.dst = b.src"}}
+    path = str(write_project(tmp_path / "proj", TABLES, views=hop))
+    assert main(["apply", "--project", path]) == 0
+    capsys.readouterr()
+    started = []
+    monkeypatch.setattr(context, "session", lambda *a, **k: started.append(1) or spark)
+    code, out, _ = run(capsys, "apply", "--project", path)
+    assert code == 0 and out.startswith("nothing changed: the project file is as applied at ") and not started
+    assert run(capsys, "apply", "--recheck", "--project", path)[:2] == (0, "nothing changed\ncatalog: sqlite:///"
+                                                                            f"{tmp_path}/proj/warehouse/catalog.db\n")
+    assert started
+    bad = {"hop": {"sql": "SELECT src FROM link WHERE dst = array(1)"}}
+    write_project(tmp_path / "proj", TABLES, views=bad)
+    for _ in range(2):  # (refused twice: the refusal recorded no digest)
+        code, _, err = run(capsys, "apply", "--project", path)
+        assert code == 2 and err.startswith("ivm: error: views.hop: Spark cannot evaluate it")
+    write_project(tmp_path / "proj", TABLES, views=hop)  # back as applied: nothing to do, no Spark
+    started.clear()
+    assert run(capsys, "apply", "--project", path)[1].startswith("nothing changed: the project file is as applied")
+    assert not started
+
+
 @pytest.mark.parametrize("argv, code, message", [
     (["show", "nope"], 2, "ivm: error: unknown table or view 'nope'"),
     (["load", "link", "/no/such/file.csv"], 3, "ivm: error: file '/no/such/file.csv' not found"),

@@ -17,7 +17,7 @@ from deltalake import DeltaTable
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ivm import sinks
+from ivm import Project, sinks
 from ivm.errors import ChangeDataError, ConfigError
 from tests.conftest import drawn_stream, write_project
 from tests.helpers import STREAMS, norm
@@ -150,6 +150,18 @@ def test_a_source_without_its_change_data_feed_is_refused_at_apply(make_project,
                                           r"\(delta\.enableChangeDataFeed = true\)`"):
         make_project({"orders": {**ORDERS, "source": {"delta": where}}}, root=tmp_path / "p",
                      views={"big": VIEWS["big"]})
+    # turned off after an apply: the same project file applied again answers without Spark (#49 item 4)
+    # but asks delta-rs for the feed first, and refuses the same way
+    on = create(spark, tmp_path / "lake" / "on", "orders", [(1, "ann", Decimal("5.00"), DAYS[0])])
+    make_project({"orders": {**ORDERS, "source": {"delta": on}}}, root=tmp_path / "q", views={"big": VIEWS["big"]})
+    spark.sql(f"ALTER TABLE delta.`{on}` SET TBLPROPERTIES (delta.enableChangeDataFeed = false)")
+    again = Project.open(str(tmp_path / "q" / "ivm.yaml"))
+    try:
+        with pytest.raises(ConfigError, match=r"tables\.orders: the change data feed of Delta table .* is off"):
+            again.apply()
+        assert not again.ctx.spark_started
+    finally:
+        again.close()
 
 
 def test_a_delta_source_is_changed_where_it_is_and_its_schema_is_checked(make_project, spark, tmp_path):
@@ -216,8 +228,6 @@ def test_views_are_found_by_name_shown_without_a_jvm_and_announced_when_changed(
     monkeypatch.undo()
     # applied again: nothing to register anew; a sink moved: its name points at the new table, the old
     # table's files stay
-    from ivm import Project
-
     assert not [c for c in p.apply() if "registered" in c]
     tables = {"orders": {**ORDERS, "source": {"delta": sources["orders"]}},
               "events": {**EVENTS, "source": {"delta": sources["events"]}}}

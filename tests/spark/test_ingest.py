@@ -207,6 +207,71 @@ def test_bags_keep_duplicates(project, tmp_path):
     assert sorted(r.item for r in project.read("tag").collect()) == ["a", "a", "b"]
 
 
+def test_a_small_load_starts_no_spark_and_stores_what_spark_would(make_project, tmp_path, monkeypatch):
+    """`ivm load` of a small file reads and writes it with pyarrow (ivm.changes.arrow_reader, #49 item 4):
+    no Spark starts, and the stored base layer holds the Z-set Spark's load stores from the same file — a
+    bag's equal rows as one with their number (NULLs equal, -0.0 equal to 0.0), a keyed table's rows once
+    — in DATE, TIMESTAMP, DECIMAL and DOUBLE; a repeated key is refused in Spark's words."""
+    from ivm import Project
+    from ivm.changes import arrow_reader
+
+    tables = {"sale": {"columns": {"day": "date", "at": "timestamp", "amount": "decimal(12,2)", "rate": "double",
+                                   "who": "string"}},
+              "acct": {"columns": {"day": "date", "id": "int", "rate": "double"}, "key": ["day", "id"]}}
+    sale = csv(tmp_path / "s.csv", "day,at,amount,rate,who\n"
+                                   "2024-01-02,2024-01-02 10:00:00,1.50,0.0,ann\n"
+                                   "2024-01-02,2024-01-02 10:00:00,1.50,-0.0,ann\n"
+                                   ",,,,\n,,,,\n2024-01-03,2024-01-03 23:59:59.5,-3.00,1e-3,\n"
+                                   "2024-01-02,2024-01-02 10:00:00,1.50,0.0,bob")
+    acct = lines(tmp_path / "a.jsonl", {"day": "2024-01-02", "id": 2, "rate": -0.0}, {"day": "2024-01-01", "id": 2},
+                 {"day": "2024-01-02", "id": 1, "rate": 2.5})
+    loaded = {}
+    for how in ("spark", "arrow"):
+        if how == "spark":
+            monkeypatch.setattr(arrow_reader, "read_snapshot", lambda *a, **k: None)
+        p = make_project(tables, root=tmp_path / how)
+        fresh = Project.open(str(tmp_path / how / "ivm.yaml"))
+        try:
+            assert fresh.load("sale", sale) == (6, 1) and fresh.load("acct", acct) == (3, 1)
+            assert fresh.ctx.spark_started is (how == "spark")
+        finally:
+            fresh.close()
+        monkeypatch.undo()
+        loaded[how] = {t: sorted((tuple(r) for r in p.read_zset(t).collect()), key=repr) for t in tables}
+    assert loaded["arrow"] == loaded["spark"]
+    assert sorted(r[-1] for r in loaded["arrow"]["sale"]) == [1, 1, 2, 2]  # (ann's two, the NULL rows' two)
+    dup = tmp_path / "dup"
+    p = make_project(tables, root=dup)
+    with pytest.raises(ChangeDataError, match=r"table acct: .*: key \(day=2024-01-02, id=1\) occurs 2 times; "
+                                              "nothing was stored"):
+        p.load("acct", lines(tmp_path / "d.jsonl", {"day": "2024-01-02", "id": 1, "rate": 1.0},
+                                  {"day": "2024-01-02", "id": 1, "rate": None}))
+    assert p.catalog.state("acct").version == 0
+
+
+def test_table_schemas_are_built_as_spark_parses_them(spark, monkeypatch):
+    """`table_schema` builds a table's Spark types without the JVM (`ivm show` of a table starts none) and
+    leaves to Spark's parser only the types it does not build; either way the schema is Spark's own."""
+    from pyspark.sql.types import _parse_datatype_string
+
+    from ivm.changes import reader
+    from ivm.config import TableConfig
+
+    built = {"b": "boolean", "t": "tinyint", "s": "smallint", "i": "int", "l": "bigint", "f": "float", "d": "double",
+             "str": "string", "bin": "binary", "day": "date", "at": "timestamp", "ntz": "timestamp_ntz",
+             "dec": "decimal", "dec5": "decimal(5)", "dec12": "decimal(12,2)", "arr": "array<int>",
+             "nested": "array<struct<City: string, `a b`: decimal(38,10), inner: array<struct<x: date>>>>",
+             "st": "struct<k: string, n: array<bigint>>"}
+    for columns, jvm in [(built, False), ({**built, "v": "varchar(3)"}, True)]:
+        table = TableConfig(columns=columns)
+        called: list[str] = []
+        monkeypatch.setattr(reader, "_parse_datatype_string",
+                            lambda ddl, called=called: called.append(ddl) or _parse_datatype_string(ddl))
+        got = reader.table_schema(table)
+        monkeypatch.undo()
+        assert got == _parse_datatype_string(table.ddl()) and bool(called) is jvm, columns
+
+
 def test_unknown_or_unapplied_tables(project, tmp_path, make_project):
     with pytest.raises(NotFoundError, match="unknown table 'nope'"):
         project.append("nope", csv(tmp_path / "a.csv", "x\n1"))

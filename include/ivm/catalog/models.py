@@ -64,6 +64,18 @@ class ViewDef(Base):
     materialized: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
 
+class AppliedProject(Base):
+    """What the last successful `ivm apply` applied to this catalog: the digest of the project file as
+    read (`ProjectConfig.digest`). `ivm apply` of the same file again answers from it, without Spark."""
+
+    __tablename__ = "ivm_applied"
+
+    #: always 1: a catalog holds one project's definitions
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    digest: Mapped[str] = mapped_column(String(64))
+    applied_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
 class Relation(Base):
     """Anything stored in the warehouse as a stack of Z-set layers: a base table, a view, an auxiliary relation."""
 

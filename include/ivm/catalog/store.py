@@ -22,6 +22,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from ivm.catalog.models import (
+    AppliedProject,
     Layer,
     Lease,
     LogSegment,
@@ -42,7 +43,7 @@ from ivm.errors import CatalogError, ChangeDataError, LeaseError, NotFoundError,
 log = logging.getLogger(__name__)
 
 #: the newest migration in `MIGRATIONS` (tests/unit/test_catalog.py checks it against Alembic's head)
-HEAD_REVISION = "0005"
+HEAD_REVISION = "0006"
 MIGRATIONS = Path(__file__).with_name("migrations")
 
 
@@ -240,11 +241,15 @@ class Catalog:
         with self.session() as s:
             return {v.name: v for v in s.scalars(select(ViewDef))}
 
-    def save_definitions(self, tables: dict[str, dict[str, Any]], views: dict[str, dict[str, Any]]) -> list[str]:
-        """Create or update table and view definitions in one transaction; returns what changed."""
+    def save_definitions(self, tables: dict[str, dict[str, Any]], views: dict[str, dict[str, Any]],
+                         digest: str | None = None) -> list[str]:
+        """Create or update table and view definitions in one transaction; returns what changed. ``digest``:
+        the project file's (`ProjectConfig.digest`), recorded with them (`applied_digest`)."""
         changes: list[str] = []
         now = utcnow()
         with self.session() as s:
+            if digest is not None:
+                s.merge(AppliedProject(id=1, digest=digest, applied_at=now))
             for model, kind, specs in ((TableDef, "table", tables), (ViewDef, "view", views)):
                 for name, spec in specs.items():
                     row = s.get(model, name)
@@ -260,6 +265,12 @@ class Catalog:
                         row.updated_at = now
                         changes.append(f"updated {kind} {name}")
         return changes
+
+    def applied_digest(self) -> tuple[str, datetime] | None:
+        """The digest of the project file the last `ivm apply` recorded, and when; None before one did."""
+        with self.session() as s:
+            row = s.get(AppliedProject, 1)
+            return (row.digest, aware(row.applied_at)) if row is not None else None
 
     # -- relations and versions --------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
-"""Reading a small change file (native or Debezium) on the driver with pyarrow and Python: `ivm log
-append` without a JVM (#49 item 4: a script that appends a few changes spent most of its time starting
-Spark).
+"""Reading a small change file (native or Debezium) or snapshot file on the driver with pyarrow and
+Python: `ivm log append` and `ivm load` without a JVM (#49 item 4: a script that appends a few changes
+spent most of its time starting Spark).
 
 Spark's reader (ivm.changes.reader) stays the reference. This one takes a file only where its rows are
 sure to be Spark's, and hands anything else to Spark by returning None:
@@ -69,6 +69,17 @@ def read(fmt: str, table: TableConfig, path: str, optional: Collection[str] = ()
     "debezium" `read_debezium`): the table's columns in their Arrow types, ``_change_type`` (lower
     case), ``_commit_version`` (NULL when a native file has none) and ``_seq`` (the rows' order in the
     file); None when Spark must read it."""
+    return _read(fmt, table, path, optional, time_zone, changes=True)
+
+
+def read_snapshot(table: TableConfig, path: str, time_zone: str = "UTC") -> pa.Table | None:
+    """A snapshot file's rows (`ivm load`) as Spark's reader gives them when no row is bad
+    (`read_snapshot`): the table's columns in their Arrow types and ``_seq``; None when Spark must read it."""
+    return _read(file_format(path), table, path, (), time_zone, changes=False)
+
+
+def _read(fmt: str, table: TableConfig, path: str, optional: Collection[str], time_zone: str,
+          changes: bool) -> pa.Table | None:
     if "://" in path or not Path(path).is_file() or os.path.getsize(path) > APPEND_WITHOUT_JVM_MB * 2**20:
         return None
     columns = {c: _column(t, time_zone) for c, t in table.columns.items()}
@@ -79,9 +90,9 @@ def read(fmt: str, table: TableConfig, path: str, optional: Collection[str] = ()
             return _build(table, _debezium(table, path, optional), optional, columns, "json")
         kind = file_format(path)
         if kind == "parquet":
-            return _parquet(table, path, optional, columns)
+            return _parquet(table, path, optional, columns, changes)
         records = _csv(path) if kind == "csv" else _json_lines(path)
-        return _build(table, records, optional, columns, kind)
+        return _build(table, records, optional, columns, kind, changes)
     except (_Decline, ChangeDataError, ValueError, UnicodeError, csv.Error, pa.ArrowException,
             decimal.DecimalException):  # (ChangeDataError: Spark's own column checks, `_check_names`)
         return None
@@ -229,11 +240,14 @@ def _debezium(table: TableConfig, path: str, optional: Collection[str]) -> tuple
 
 
 def _build(table: TableConfig, records: tuple[list[str], list], optional: Collection[str],
-           columns: dict, fmt: str) -> pa.Table:
-    """The rows of a CSV (lists of text) or JSON lines (objects) converted column by column."""
+           columns: dict, fmt: str, changes: bool = True) -> pa.Table:
+    """The rows of a CSV (lists of text) or JSON lines (objects) converted column by column; of a change
+    file (with ``_change_type``, ``_commit_version``) or, not ``changes``, of a snapshot."""
     names, rows = records
-    if fmt == "csv" or names:  # (Spark checks a JSON file's keys when some line has one; `_debezium` its own)
-        _check_names(table, names, optional, change_type=fmt == "csv")
+    if fmt == "csv" or names or not changes:
+        # (Spark checks a change file's JSON keys when some line has one; `_debezium` its own)
+        _check_names(table, names, optional, change_type=changes and fmt == "csv",
+                     extra=(CHANGE_TYPE, COMMIT_VERSION) if changes else ())
     if fmt == "csv":
         at = {n: i for i, n in enumerate(names)}
         rows = [{n: r[i] for n, i in at.items()} for r in rows]
@@ -244,12 +258,13 @@ def _build(table: TableConfig, records: tuple[list[str], list], optional: Collec
         if c in (table.key or []) and any(v is None for v in values):
             raise _Decline(f"a NULL key {c}")
         out[c] = pa.array(values, arrow_type)
-    change = [_change_type(r.get(CHANGE_TYPE)) for r in rows]
-    versions = [_version(r.get(COMMIT_VERSION)) for r in rows]
-    if len({v is None for v in versions}) > 1:
-        raise _Decline("some rows without a commit version")
-    out[CHANGE_TYPE] = pa.array(change, pa.string())
-    out[COMMIT_VERSION] = pa.array(versions, pa.int64())
+    if changes:
+        change = [_change_type(r.get(CHANGE_TYPE)) for r in rows]
+        versions = [_version(r.get(COMMIT_VERSION)) for r in rows]
+        if len({v is None for v in versions}) > 1:
+            raise _Decline("some rows without a commit version")
+        out[CHANGE_TYPE] = pa.array(change, pa.string())
+        out[COMMIT_VERSION] = pa.array(versions, pa.int64())
     out[SEQ] = pa.array(range(len(rows)), pa.int64())
     return pa.table(out)
 
@@ -279,13 +294,14 @@ def _version(value) -> int | None:
     return v
 
 
-def _parquet(table: TableConfig, path: str, optional: Collection[str], columns: dict) -> pa.Table:
+def _parquet(table: TableConfig, path: str, optional: Collection[str], columns: dict,
+             changes: bool = True) -> pa.Table:
     """A Parquet file whose columns have the table's types already (timestamps in UTC, any unit)."""
     data = pq.read_table(path)
     names = data.column_names
     if len(set(names)) != len(names):
         raise _Decline("repeated columns")
-    _check_names(table, names, optional, change_type=True)
+    _check_names(table, names, optional, change_type=changes, extra=(CHANGE_TYPE, COMMIT_VERSION) if changes else ())
     n = data.num_rows
     out = {}
     for c, (arrow_type, _, _) in columns.items():
@@ -301,6 +317,9 @@ def _parquet(table: TableConfig, path: str, optional: Collection[str], columns: 
         if c in (table.key or []) and col.null_count:
             raise _Decline(f"a NULL key {c}")
         out[c] = col
+    if not changes:
+        out[SEQ] = pa.array(range(n), pa.int64())
+        return pa.table(out)
     if not pa.types.is_string(data.column(CHANGE_TYPE).type):
         raise _Decline(CHANGE_TYPE)
     out[CHANGE_TYPE] = pa.array([_change_type(v) for v in data.column(CHANGE_TYPE).to_pylist()], pa.string())

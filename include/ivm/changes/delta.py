@@ -141,6 +141,12 @@ def change_rows(where: str, name: str, after: int, upto: int) -> int:
 def check_source(spark: SparkSession, name: str, table: TableConfig, where: str) -> None:
     """At ``ivm apply``: the source is a Delta table with its change data feed on, holding every declared
     column with its declared type. Raises ConfigError naming the table and saying how to fix it."""
+    check_columns(spark, name, table, where, check_feed(name, where))
+
+
+def check_feed(name: str, where: str) -> int:
+    """The source is a Delta table with its change data feed on (delta-rs reads its log: no Spark).
+    Returns its current Delta version. Raises ConfigError naming the table and saying how to fix it."""
     dt = _table(where, name)
     properties = dt.metadata().configuration or {}
     if str(properties.get("delta.enableChangeDataFeed", "false")).lower() != "true":
@@ -148,7 +154,7 @@ def check_source(spark: SparkSession, name: str, table: TableConfig, where: str)
             f"tables.{name}: the change data feed of Delta table {where} is off; turn it on with "
             f"`ALTER TABLE delta.`{where}` SET TBLPROPERTIES (delta.enableChangeDataFeed = true)` "
             "(ivm reads the changes committed after that)")
-    check_columns(spark, name, table, where, dt.version())
+    return dt.version()
 
 
 def check_columns(spark: SparkSession, name: str, table: TableConfig, where: str, version: int) -> None:

@@ -11,6 +11,7 @@ once (same path and content; a file with explicit commit versions cannot apply t
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import logging
 from collections.abc import Callable, Collection
@@ -24,9 +25,19 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from ivm.catalog import Catalog
-from ivm.catalog.store import PublishChange, SegmentRef, StageRecord, new_id
+from ivm.catalog.store import PublishChange, SegmentRef, StageRecord, WrittenLayer, new_id
 from ivm.changes import arrow_reader
-from ivm.changes.reader import BAD, RAW, SEQ, check_path, describe_row, read_cdf, read_debezium, read_snapshot
+from ivm.changes.reader import (
+    BAD,
+    RAW,
+    SEQ,
+    check_path,
+    describe_row,
+    read_cdf,
+    read_debezium,
+    read_snapshot,
+    table_schema,
+)
 from ivm.changes.trim import segment_bounds, skip_column
 from ivm.config import CHANGE_TYPE, COMMIT_VERSION, COUNT_COLUMN, TableConfig
 from ivm.errors import ChangeDataError
@@ -240,16 +251,33 @@ def has_update_images(warehouse: Warehouse, segments: list[SegmentRef]) -> bool:
     return False
 
 
-def load_snapshot(spark: SparkSession, catalog: Catalog, warehouse: Warehouse, name: str, table: TableConfig,
-                  path: str, run_id: str, target_file_mb: int) -> tuple[int, int]:
+def load_snapshot(spark: Callable[[], SparkSession], catalog: Catalog, warehouse: Warehouse, name: str,
+                  table: TableConfig, path: str, run_id: str, target_file_mb: int,
+                  time_zone: str = "UTC") -> tuple[int, int]:
     """`ivm load`: a table's initial snapshot as its base layer, at commit version 0.
 
     Refused when the table already has data or a log: later changes go through the log so every view
-    can absorb them. Keys must be unique and non-NULL. Returns (rows, new version).
+    can absorb them. Keys must be unique and non-NULL. Returns (rows, new version). A small local file
+    the Arrow reader takes (ivm.changes.arrow_reader) is loaded without Spark; ``spark`` starts Spark for
+    any other (``time_zone``: its session's).
     """
     state = catalog.state(name)
     if state.layers or catalog.last_commit_version(name) > 0:
         raise ChangeDataError(f"table {name} already has data or changes; append changes to its log instead")
+    check_path(path)
+    local = arrow_reader.read_snapshot(table, path, time_zone)
+    if local is not None:
+        rows, written = local.num_rows, _load_arrow(warehouse, name, table, path, local, run_id)
+    else:
+        rows, written = _load_spark(spark(), warehouse, name, table, path, run_id, target_file_mb)
+    published = catalog.publish(run_id, [PublishChange(name, state.version_id, [written], replace=True)],
+                                {(name, name): 0}, [StageRecord("load", name, rows_in=rows, rows_out=written.rows)])
+    return rows, published[name]
+
+
+def _load_spark(spark: SparkSession, warehouse: Warehouse, name: str, table: TableConfig, path: str, run_id: str,
+                target_file_mb: int) -> tuple[int, WrittenLayer]:
+    """`load_snapshot` read, checked and written by Spark: (rows, the base layer)."""
     rows = read_snapshot(spark, name, table, path).cache()
     try:
         stats = rows.agg(F.count(F.lit(1)).alias("rows"), F.count(BAD).alias("bad")).collect()[0]
@@ -260,8 +288,7 @@ def load_snapshot(spark: SparkSession, catalog: Catalog, warehouse: Warehouse, n
             key = [F.col(f"`{c}`") for c in table.key or []]
             dup = rows.groupBy(*key).count().where(F.col("count") > 1).limit(1).collect()
             if dup:
-                raise ChangeDataError(f"table {name}: {path}: key {describe_row(dup[0], table.key or [])} "
-                                      f"occurs {dup[0]['count']} times; nothing was stored")
+                _duplicate_key(name, table, path, dup[0], dup[0]["count"])
             zset = rows.select(*columns, F.lit(1).cast("long").alias(COUNT_COLUMN))
         else:
             zset = rows.groupBy(*columns).agg(F.count(F.lit(1)).alias(COUNT_COLUMN))
@@ -270,10 +297,39 @@ def load_snapshot(spark: SparkSession, catalog: Catalog, warehouse: Warehouse, n
                                         run_id=run_id)
     finally:
         rows.unpersist()
-    published = catalog.publish(run_id, [PublishChange(name, state.version_id, [written], replace=True)],
-                                {(name, name): 0},
-                                [StageRecord("load", name, rows_in=int(stats.rows), rows_out=written.rows)])
-    return int(stats.rows), published[name]
+    return int(stats.rows), written
+
+
+def _load_arrow(warehouse: Warehouse, name: str, table: TableConfig, path: str, rows: pa.Table,
+                run_id: str) -> WrittenLayer:
+    """`load_snapshot` of the rows the Arrow reader read (all of them good, no NULL key), as Spark would
+    store them: a keyed table's rows with count 1 (a repeated key refused as Spark refuses it), a bag's
+    equal rows as one with their number (-0.0 grouped with 0.0, as Spark's grouping normalizes it)."""
+    columns = list(table.columns)
+    if table.keyed:
+        key = list(table.key or [])
+        counts = rows.group_by(key, use_threads=False).aggregate([([], "count_all")])
+        dup = counts.filter(pc.greater(counts["count_all"], 1))
+        if dup.num_rows:
+            first = dup.slice(0, 1).to_pylist()[0]  # (a TIMESTAMP named by its UTC wall clock, as Spark's row has it)
+            first = {k: v.replace(tzinfo=None) if isinstance(v, datetime.datetime) else v for k, v in first.items()}
+            _duplicate_key(name, table, path, first, first["count_all"])
+        zset = rows.select(columns).append_column(COUNT_COLUMN, pa.array([1] * rows.num_rows, pa.int64()))
+    else:
+        rows = rows.select(columns)
+        for i, c in enumerate(columns):  # (0.0 == -0.0: the zero written as 0.0)
+            if pa.types.is_floating(rows.column(c).type):
+                rows = rows.set_column(i, c, pc.if_else(pc.equal(rows[c], 0), pa.scalar(0.0, rows[c].type), rows[c]))
+        counts = rows.group_by(columns, use_threads=False).aggregate([([], "count_all")])
+        zset = counts.select(columns).append_column(COUNT_COLUMN, counts["count_all"].cast(pa.int64()))
+    cluster = table.key or columns
+    zset = zset.sort_by([(c, "ascending", "at_start") for c in cluster])
+    return warehouse.write_arrow_layer(zset, table_schema(table), name, "base", run_id)
+
+
+def _duplicate_key(name: str, table: TableConfig, path: str, row, times: int) -> None:
+    raise ChangeDataError(f"table {name}: {path}: key {describe_row(row, table.key or [])} occurs {times} times; "
+                          "nothing was stored")
 
 
 def _input_bytes(path: str) -> int | None:

@@ -23,7 +23,9 @@ from pathlib import Path
 from pyspark.errors import AnalysisException
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 from pyspark.sql.types import StructType, _parse_datatype_string
+from sqlglot import exp
 
 from ivm.config import CHANGE_TYPE, COMMIT_VERSION, TableConfig
 from ivm.errors import ChangeDataError
@@ -37,9 +39,45 @@ FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".json": "jso
 
 
 def table_schema(table: TableConfig) -> StructType:
+    """The table's columns as Spark types: built here from sqlglot's reading of the declared types (no
+    JVM: `ivm show` of a table needs none), else, for a type not built here, parsed by Spark."""
+    fields = [_field(c, exp.DataType.build(t, dialect="spark")) for c, t in table.columns.items()]
+    if all(f is not None for f in fields):
+        return StructType(fields)
     schema = _parse_datatype_string(table.ddl())
     assert isinstance(schema, StructType)
     return schema
+
+
+#: the Spark types of sqlglot's types (of a declared type, canonical: ivm.config.spark_type) that
+#: `table_schema` builds without the JVM; tests/spark/test_ingest.py compares them with Spark's parser
+_TYPES = {exp.DataType.Type.BOOLEAN: T.BooleanType, exp.DataType.Type.TINYINT: T.ByteType,
+          exp.DataType.Type.SMALLINT: T.ShortType, exp.DataType.Type.INT: T.IntegerType,
+          exp.DataType.Type.BIGINT: T.LongType, exp.DataType.Type.FLOAT: T.FloatType,
+          exp.DataType.Type.DOUBLE: T.DoubleType, exp.DataType.Type.TEXT: T.StringType,
+          exp.DataType.Type.BINARY: T.BinaryType, exp.DataType.Type.DATE: T.DateType,
+          exp.DataType.Type.TIMESTAMPTZ: T.TimestampType, exp.DataType.Type.TIMESTAMPNTZ: T.TimestampNTZType}
+
+
+def _field(name: str, t: exp.DataType) -> T.StructField | None:
+    dtype = _spark_type(t)
+    return None if dtype is None else T.StructField(name, dtype, True)
+
+
+def _spark_type(t: exp.DataType) -> T.DataType | None:
+    """The Spark type of a sqlglot type, as Spark's DDL parser gives it; None for one not built here."""
+    if t.this in _TYPES and not t.expressions:
+        return _TYPES[t.this]()
+    if t.this == exp.DataType.Type.DECIMAL and len(t.expressions) <= 2:
+        params = [int(p.this.this) for p in t.expressions]
+        return T.DecimalType(*(params + [10, 0][len(params):]))  # (Spark's DECIMAL: (10, 0); DECIMAL(p): (p, 0))
+    if t.this == exp.DataType.Type.ARRAY and len(t.expressions) == 1:
+        element = _spark_type(t.expressions[0])
+        return None if element is None else T.ArrayType(element, True)
+    if t.this == exp.DataType.Type.STRUCT and all(isinstance(c, exp.ColumnDef) for c in t.expressions):
+        fields = [_field(c.name, c.args["kind"]) for c in t.expressions]
+        return None if any(f is None for f in fields) else T.StructType(fields)
+    return None
 
 
 def file_format(path: str) -> str:
