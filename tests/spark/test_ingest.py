@@ -262,7 +262,8 @@ def test_table_schemas_are_built_as_spark_parses_them(spark, monkeypatch):
              "dec": "decimal", "dec5": "decimal(5)", "dec12": "decimal(12,2)", "arr": "array<int>",
              "nested": "array<struct<City: string, `a b`: decimal(38,10), inner: array<struct<x: date>>>>",
              "st": "struct<k: string, n: array<bigint>>"}
-    for columns, jvm in [(built, False), ({**built, "v": "varchar(3)"}, True)]:
+    for columns, jvm in [(built, False), ({**built, "v": "varchar(3)"}, True),
+                         ({"s": "struct<a: int NOT NULL, b: string COMMENT 'note'>"}, True)]:
         table = TableConfig(columns=columns)
         called: list[str] = []
         monkeypatch.setattr(reader, "_parse_datatype_string",

@@ -74,7 +74,8 @@ def _spark_type(t: exp.DataType) -> T.DataType | None:
     if t.this == exp.DataType.Type.ARRAY and len(t.expressions) == 1:
         element = _spark_type(t.expressions[0])
         return None if element is None else T.ArrayType(element, True)
-    if t.this == exp.DataType.Type.STRUCT and all(isinstance(c, exp.ColumnDef) for c in t.expressions):
+    if t.this == exp.DataType.Type.STRUCT and all(isinstance(c, exp.ColumnDef) and not c.args.get("constraints")
+                                                  for c in t.expressions):  # (NOT NULL, COMMENT: Spark's)
         fields = [_field(c.name, c.args["kind"]) for c in t.expressions]
         return None if any(f is None for f in fields) else T.StructType(fields)
     return None
