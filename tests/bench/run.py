@@ -136,6 +136,11 @@ class PlainSpark:
     def __init__(self, project, view: str, folder: Path):
         self.project, self.sql, self.folder = project, view_sql(view), folder
         self.spark = project.spark.newSession()
+        # each CREATE OR REPLACE of a path's table gives it a new table id, which Delta warns of with both
+        # snapshots printed whole (~40 lines per run); the benchmark's own doing, so quieted in its JVM
+        log4j = project.spark.sparkContext._jvm.org.apache.logging.log4j  # noqa: SLF001 - no Python API
+        for name in ("org.apache.spark.sql.delta.OptimisticTransaction", "org.apache.spark.sql.delta.DeltaLog"):
+            log4j.core.config.Configurator.setLevel(name, log4j.Level.ERROR)
 
     def copy_tables(self) -> None:
         for table in self.project.config.tables:

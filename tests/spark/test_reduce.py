@@ -33,18 +33,21 @@ _RUNS: dict = {}
 
 
 def run(spark, tmp_path, algorithm: str, deleted=(), inserted=(), multiple: str = "MU1", tables=TABLES,
-        key=None, r1=None, r2=None):
+        key=None, r1=None, r2=None, head=("a", "c", "e")):
     """Maintain V over Figure 1 for a change of R1 with one algorithm; the Reducer (its traces) and the
-    view's change. Runs are shared between the tests that look at the same one."""
+    view's change. ``head``: the view's columns among A, C, E (π_ACE: Figure 1's V). Runs are shared
+    between the tests that look at the same one."""
     case = (algorithm, tuple(deleted), tuple(inserted), multiple, tuple(tables["r1"].get("key", [])),
-            tuple(key or []), tuple(r1 or R1), tuple(r2 or R2))
+            tuple(key or []), tuple(r1 or R1), tuple(r2 or R2), head)
     if case not in _RUNS:
-        _RUNS[case] = _run(spark, tmp_path, algorithm, deleted, inserted, multiple, tables, key, r1 or R1, r2 or R2)
+        _RUNS[case] = _run(spark, tmp_path, algorithm, deleted, inserted, multiple, tables, key, r1 or R1, r2 or R2,
+                           head)
     return _RUNS[case]
 
 
-def _run(spark, tmp_path, algorithm, deleted, inserted, multiple, tables, key, r1, r2):
-    program = compile_project(parse_project({"tables": tables, "views": {"v": {"sql": SQL}}}))
+def _run(spark, tmp_path, algorithm, deleted, inserted, multiple, tables, key, r1, r2, head):
+    sql = SQL.replace("r1.a, r2.c, r3.e", ", ".join(f"{dict(a='r1', c='r2', e='r3')[c]}.{c}" for c in head))
+    program = compile_project(parse_project({"tables": tables, "views": {"v": {"sql": sql}}}))
     strata = stratify(program)
     cols = {n: list(t["columns"]) for n, t in tables.items()}
 
@@ -54,8 +57,10 @@ def _run(spark, tmp_path, algorithm, deleted, inserted, multiple, tables, key, r
 
     old = {"r1": frame("r1", r1), "r2": frame("r2", r2), "r3": frame("r3", R3)}
     change = frame("r1", deleted, -1).unionByName(frame("r1", inserted, 1))
-    view_old = spark.createDataFrame([(*t, 1) for t in sorted(view_of(r1, r2))],
-                                     "a string, c string, e string, __count long")
+    at = ["a", "c", "e"]
+    view_old = spark.createDataFrame([(*t, 1) for t in sorted({tuple(v[at.index(c)] for c in head)
+                                                               for v in view_of(r1, r2)})],
+                                     ", ".join([*(f"{c} string" for c in head), "__count long"]))
     scratch = Scratch(Warehouse(str(tmp_path / f"{algorithm}-{len(_RUNS)}")), spark, "run")
     s = reduce.shape(program, "v")
     r = reduce.Reducer(program, s, algorithm, multiple, key, lambda p, state: old[p],
@@ -210,3 +215,16 @@ def test_theorem_4_stops_when_y_holds_the_views_key(spark, tmp_path):
     assert len(st) == 2 and "Theorem 4" in st[1].note
     # (a2, b4) alone derives (a2, c3, e3); (a2, c2, *) stays (derived by b2, b3)
     assert rows(delta, "a", "c", "e", "__count") == {("a2", "c3", "e3", -1)}
+
+
+@pytest.mark.parametrize("algorithm", ["RIE", "REDUCE", "REDUCE+"])
+def test_rie_before_any_view_column_is_joined(spark, tmp_path, algorithm):
+    # V = π_E: R1 and R2 give it no column, so Y_1 = Y_2 = ∅ and every existing tuple agrees with every
+    # candidate at step 2 (RIE over no column keeps them all). (a2, b4) alone
+    # derives e3 (through c3, d3); e2 and e4 it derives through d2 stay, derived by (a2, b3)
+    r, delta = run(spark, tmp_path, algorithm, deleted=[("a2", "b4")], head=("e",))
+    assert rows(delta, "e", "__count") == {("e3", -1)}
+    assert steps(r)[1].rows("existing") > 0
+    # (a2, b2) derives e1, e2, e4, each derived by another tuple of R1 too: V stays as it is
+    r, delta = run(spark, tmp_path, algorithm, deleted=[("a2", "b2")], head=("e",))
+    assert rows(delta, "e", "__count") == set()

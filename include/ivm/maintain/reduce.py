@@ -380,7 +380,13 @@ class _Update:
         self._keep({"__dc": ~covered, "__ic": ~self._agree("__ie", z, rows)})
 
     def _rie(self, y: list[str]) -> None:
-        """RIE: keep the existing tuples agreeing with a candidate of their kind on Y_i."""
+        """RIE: keep the existing tuples agreeing with a candidate of their kind on Y_i. Over Y_i = ∅ (no
+        view column joined yet: ``nations``' update of lineitem, joined with orders) every existing tuple
+        agrees with any candidate, and they are all kept: V_E' = V_E^i is a reduction too (§3,
+        Proposition 2: V_F ⊆ V_E' ⊆ V_E), where testing "a candidate is left" takes a window over the
+        whole relation — one partition, sorted in one task — or a second plan of the chain."""
+        if not y:
+            return
         rows = self._vars()
         self._keep({"__de": self._agree("__dc", y, rows), "__ie": self._agree("__ic", y, rows)})
 
