@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ivm.errors import ChangeDataError, LeaseError
+from ivm.modes import Mode
 
 TABLES = {
     "acct": {"columns": {"id": "int", "owner": "string", "balance": "bigint"}, "key": ["id"]},
@@ -256,6 +257,45 @@ def test_a_small_run_plans_without_adaptive_execution(make_project, tmp_path, mo
     with pytest.raises(ChangeDataError):
         p.refresh()
     assert conf.get("spark.sql.adaptive.enabled") == "true"
+
+
+def test_an_aggregate_whose_groups_did_not_change_plans_no_view_delta(make_project, tmp_path, monkeypatch):
+    """When a change leaves a GROUP BY state as it was (its delta layer comes out empty: here the
+    rows the WHERE drops), the view's delta rule over it is not planned and no view delta is written;
+    a change that reaches the groups still writes both, and the view stays its recomputation."""
+    from ivm.maintain.counting import Counting
+    from ivm.storage import Warehouse
+
+    sql = "SELECT owner, sum(balance) AS b, count(*) AS n FROM acct WHERE balance > 100 GROUP BY owner"
+    p = make_project(TABLES, views={"big": {"sql": sql}})
+    p.load("acct", changes(tmp_path / "acct.jsonl", [{"id": 1, "owner": "ann", "balance": 150}]))
+    p.refresh()
+    writes, planned = [], []
+    write_layer, delta_rule = Warehouse.write_layer, Counting.delta_rule
+
+    def spy_write(self, df, relation, kind, *args, **kwargs):
+        writes.append(relation)
+        return write_layer(self, df, relation, kind, *args, **kwargs)
+
+    def spy_rule(self, pred, *args, **kwargs):
+        planned.append(pred)
+        return delta_rule(self, pred, *args, **kwargs)
+
+    monkeypatch.setattr(Warehouse, "write_layer", spy_write)
+    monkeypatch.setattr(Counting, "delta_rule", spy_rule)
+    p.append("acct", changes(tmp_path / "c1.jsonl",
+                             [{"id": 2, "owner": "ann", "balance": 5, "_change_type": "insert"}]))
+    [work] = p.refresh(mode="incremental").views
+    assert (work.mode, work.rows_changed) == (Mode.INCREMENTAL, 0)
+    assert writes == ["acct", "big__agg0_0"] and "big" not in planned, (writes, planned)
+    assert contents(p, "big") == Counter({("ann", 150, 1): 1})
+    writes.clear()
+    planned.clear()
+    p.append("acct", changes(tmp_path / "c2.jsonl",
+                             [{"id": 3, "owner": "ann", "balance": 200, "_change_type": "insert"}]))
+    [work] = p.refresh(mode="incremental").views
+    assert writes == ["acct", "big__agg0_0", "big"] and "big" in planned, (writes, planned)
+    assert work.rows_changed == 2 and contents(p, "big") == Counter({("ann", 350, 2): 1})
 
 
 def test_segments_keep_their_key_bounds_and_the_trim_merges_them(project, tmp_path, monkeypatch):

@@ -50,7 +50,7 @@ from ivm.lang.nested import EXTRACTION, extractions
 from ivm.maintain import cream, nested, references
 from ivm.maintain.delta_rules import DELTA, NEW, OLD, DeltaRule, delta_rules
 from ivm.maintain.dred import DRed, RuleChange
-from ivm.maintain.groupby import GroupByState, distinct_args, distinct_name, groupby_subgoals
+from ivm.maintain.groupby import GroupByState, distinct_args, distinct_name, groupby_subgoals, state_name
 from ivm.maintain.recompute import Evaluator, as_used, connected, join_order
 from ivm.maintain.states import RunStates
 from ivm.maintain.stats import MaintainStats
@@ -198,6 +198,8 @@ class Counting:
         self.used_delta: dict[str, DataFrame] = {}
         #: Δ of each GROUPBY / setof subgoal, computed once (its state delta is written once)
         self._subgoal_deltas: dict[str, DataFrame] = {}
+        #: the GROUPBY states whose delta layer came out empty in this run (Δ(T) = ∅)
+        self._unchanged_states: set[str] = set()
         #: rules `ivm apply` removed or added since the stored state was computed (the view's change, for
         #: each of its predicates)
         self.rule_changes: dict[str, RuleChange] = {}
@@ -321,7 +323,8 @@ class Counting:
         terms = []
         for r, rule in enumerate(self.program.rules_for(pred)):
             ds = [(d, d.states.index(DELTA)) for d in delta_rules(rule)]
-            ds = [(d, i) for d, i in ds if self.changed(d.rule.body[i].atom.pred)]
+            ds = [(d, i) for d, i in ds if self.changed(d.rule.body[i].atom.pred)
+                  and not self.empty_groupby_delta(pred, r, i, d.rule.body[i])]
             shared = self.factored(pred, r, ds)
             terms += [shared] if shared is not None else [self.delta_rule(pred, r, d, i) for d, i in ds]
         if not terms:
@@ -333,6 +336,18 @@ class Counting:
         delta = self.states.put_delta(pred, delta)
         self.note_delta(pred, delta)
         return delta
+
+    def empty_groupby_delta(self, pred: str, r: int, i: int, item: BodyItem) -> bool:
+        """Whether Δ subgoal ``i`` of rule ``r`` is a GROUPBY subgoal whose Δ(T) is empty. Its state's
+        delta is computed and written before any term over it is planned (000 Algorithm 6.1), so its
+        emptiness is known then: the term of Definition 4.1 that starts from it joins nothing, and is
+        not planned (an aggregate view whose groups did not change writes no view delta: a Spark job
+        less, #49 item 3's "skip delta rules whose delta is empty before planning them")."""
+        if not isinstance(item, GroupBy):
+            return False
+        name = state_name(pred, r, i)
+        self.groupby_delta(name, item)
+        return name in self._unchanged_states
 
     def delta_rule(self, pred: str, r: int, d: DeltaRule, i: int) -> DataFrame:
         """One term of Definition 4.1 as a Spark plan, starting the joins from the Δ subgoal."""
@@ -421,7 +436,7 @@ class Counting:
                 else rows
         if isinstance(item, GroupBy):
             if state == DELTA:
-                return self.groupby_delta(f"{pred}__agg{r}_{j}", item)
+                return self.groupby_delta(state_name(pred, r, j), item)
             return self.ev.groupby(item, self.source(item.atom, state))
         assert isinstance(item, SetOf)
         if state == DELTA:
@@ -477,6 +492,8 @@ class Counting:
             partial, small = self._settled(name, partial)
         dstate = st.delta(partial, self.states.old(name), new_rows, self.schemas(name), small, whole)
         written = self.states.put_delta(name, dstate)
+        if written is None:
+            self._unchanged_states.add(name)
         return consolidate(st.finalize(written if written is not None else self.states.read(name, [])))
 
     def _settled(self, name: str, partial: DataFrame) -> tuple[DataFrame, bool]:

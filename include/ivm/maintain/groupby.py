@@ -455,11 +455,16 @@ def with_windows(rows: DataFrame, aggregates: tuple[Aggregate, ...]) -> DataFram
     return rows.select("*", *windows) if windows else rows
 
 
+def state_name(pred: str, r: int, j: int) -> str:
+    """The state relation of the GROUPBY subgoal at body index ``j`` of rule ``r`` of ``pred``."""
+    return f"{pred}__agg{r}_{j}"
+
+
 def groupby_subgoals(program: Program, pred: str) -> list[tuple[str, int, GroupBy]]:
     """(state relation name, body index, subgoal) of every GROUPBY subgoal in the rules of ``pred``."""
     out = []
     for r, rule in enumerate(program.rules_for(pred)):
         for j, item in enumerate(rule.body):
             if isinstance(item, GroupBy):
-                out.append((f"{pred}__agg{r}_{j}", j, item))
+                out.append((state_name(pred, r, j), j, item))
     return out
