@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import yaml
 
@@ -52,6 +53,16 @@ def project(root: Path, data: Path, t: Tables, validate: bool):
     for name in TABLES:
         p.load(name, t.snapshot(name))
     return p
+
+
+class Round(NamedTuple):
+    """One measured incremental refresh."""
+
+    seconds: float
+    jobs: int
+    changed: int  # rows appended to the tables' logs before it
+    result: object  # its RefreshResult
+    view_jobs: dict[str, int]  # Spark jobs per view (`ViewJobs`)
 
 
 class ViewJobs:
@@ -114,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  round {i}{' (warm-up)' if i == 0 else ''}: {changed} changed rows, {m.seconds:.1f} s, {m.jobs} jobs",
               flush=True)
         if i:
-            rounds.append((m.seconds, m.jobs, changed, result, jobs.per_view))
+            rounds.append(Round(m.seconds, m.jobs, changed, result, jobs.per_view))
     p.close()
     warm.close()
     report(rounds, first, args, Path(args.out))
@@ -122,10 +133,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def report(rounds, first, args, out: Path) -> None:
-    seconds, jobs, changed, result, view_jobs = lower_middle(rounds, key=lambda r: r[0])
-    per_view = {v.view: [] for v in rounds[0][3].views}
-    for *_, r, _ in rounds:
-        for v in r.views:
+    seconds, jobs, changed, result, view_jobs = lower_middle(rounds, key=lambda r: r.seconds)
+    per_view = {v.view: [] for v in rounds[0].result.views}
+    for r in rounds:
+        for v in r.result.views:
             per_view[v.view].append(v)
     lines = ["# Many views, a small change: 22 TPC-H views over SF 0.01", "", *[f"- {m}" for m in machine()],
              f"- validation {VALIDATION[args.validate]}; "
@@ -136,7 +147,8 @@ def report(rounds, first, args, out: Path) -> None:
              f"| incremental refresh, median of {len(rounds)} (T_refresh; {changed} changed rows) | {seconds:.1f} | "
              f"{jobs} |",
              f"| **T_refresh / T_first** (goal ≤ 0.3) | **{seconds / first.seconds:.2f}** | |",
-             "", f"Every round: {', '.join(f'{s:.1f} s ({j} jobs, {c} rows)' for s, j, c, *_ in rounds)}.", "",
+             "", "Every round: " + ", ".join(f"{r.seconds:.1f} s ({r.jobs} jobs, {r.changed} rows)"
+                                             for r in rounds) + ".", "",
              "Tables: " + ", ".join(f"{d.table} {d.log_rows} → {d.delta_rows} rows, {d.seconds:.2f} s"
                                     for d in result.tables) + " (the median round's trim).", "",
              "| view | modes | seconds (median) | rows changed (median round) | Spark jobs (median round) |",
