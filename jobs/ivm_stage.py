@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         started = time.perf_counter()
         spark = SparkSession.builder.appName(f"ivm-{stage}").getOrCreate()
         ship_package(spark)
-        logging.getLogger("ivm.stage").info("spark: started on %s (%.2f s)", spark.sparkContext.master,
+        logging.getLogger("ivm.stage").info("spark: started on %s (%.2f s)", spark.conf.get("spark.master"),
                                             time.perf_counter() - started)
         return spark
 

@@ -25,11 +25,22 @@ if os.environ.get("CI"):
     settings.load_profile("ci")
 
 
+#: Spark's own variable naming a Spark Connect server: set, the suite runs on that server (each pytest
+#: worker a client session of it) instead of a local Spark of its own, and so do the `ivm` commands the
+#: tests run (`make test-connect` starts one with tests/connect/ivm.yaml's settings)
+SPARK_REMOTE = "SPARK_REMOTE"
+
+
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory):
     from ivm.config import SparkSettings
     from ivm.spark import session
 
+    if os.environ.get(SPARK_REMOTE):
+        s = session(SparkSettings(conf={"spark.sql.shuffle.partitions": "2"}), "ivm-tests")
+        yield s
+        s.stop()
+        return
     # (the session's catalog is Spark's in-memory one, its databases' folders in a temporary folder: the
     # views ivm registers by name, tests/spark/test_delta.py, live as long as the session). Its driver,
     # which runs the tasks too, gets 3 GB of heap: one JVM runs a whole worker's share of the suite (with
@@ -54,9 +65,21 @@ def _release_jvm_caches():
     from pyspark.sql import SparkSession
 
     s = SparkSession.getActiveSession()
-    if s is not None:
+    # (CLASSIC ONLY: a Spark Connect server's JVM is its own, sized for the suite)
+    if s is not None and not os.environ.get(SPARK_REMOTE):
         s._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
         s.catalog.clearCache()
+
+
+def pytest_collection_modifyitems(config, items):
+    """On a Spark Connect server (`SPARK_REMOTE`), the tests marked ``classic`` look into a JVM the client
+    does not have: they run in the in-process pass (`make test`), not here."""
+    if not os.environ.get(SPARK_REMOTE):
+        return
+    skip = pytest.mark.skip(reason="looks into a classic session's JVM; runs in `make test`'s in-process pass")
+    for item in items:
+        if "classic" in item.keywords:
+            item.add_marker(skip)
 
 
 def _postgres_admin_url() -> str | None:

@@ -572,3 +572,22 @@ def sales_stream(data, make_project, root: Path, views: list[str], extreme, chec
     for view in views:
         assert_close(as_zset(everything.read_zset(view).collect()), final[view], view)
 
+
+
+def plan_text(df, mode: str = "simple") -> str:
+    """``df``'s plan as Spark's ``explain`` prints it, through the DataFrame API alone (classic and Spark
+    Connect sessions alike): ``simple``, the physical plan; ``extended``, every plan from the parsed one."""
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        df.explain(mode=mode)
+    return out.getvalue()
+
+
+def optimized_plan(df) -> list[str]:
+    """The lines of ``df``'s optimized logical plan (from `plan_text`'s extended form)."""
+    text = plan_text(df, "extended")
+    section = text.split("== Optimized Logical Plan ==", 1)[1].split("== Physical Plan ==", 1)[0]
+    return [line for line in section.splitlines() if line.strip()]

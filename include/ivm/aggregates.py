@@ -86,9 +86,43 @@ def _over_list(fn):
 
 def register(spark, aggregates: dict[str, AggregateConfig]) -> None:
     """Register each Python aggregate as a scalar UDF ``<name>__py`` over the array of collected
-    values (SQL aggregates need nothing: they are Spark SQL already)."""
+    values (SQL aggregates need nothing: they are Spark SQL already). Where Spark's Python workers may
+    run elsewhere (a Spark Connect server, a cluster: `ivm.spark.runs_elsewhere`), the ivm package and the
+    module that defines the function are shipped to them as Python artifacts (the UDF refers to the
+    module by name)."""
     from pyspark.sql.functions import udf
 
-    for name, agg in aggregates.items():
-        if agg.python is not None:
-            spark.udf.register(f"{name}__py", udf(_over_list(load_function(name, agg)), agg.returns))
+    from ivm.spark import runs_elsewhere, ship_package
+
+    python = {name: agg for name, agg in aggregates.items() if agg.python is not None}
+    elsewhere = bool(python) and runs_elsewhere(spark)
+    if elsewhere:
+        ship_package(spark)
+    for name, agg in python.items():
+        fn = load_function(name, agg)
+        if elsewhere:
+            _ship_module(spark, fn.__module__)
+        spark.udf.register(f"{name}__py", udf(_over_list(fn), agg.returns))
+
+
+def _ship_module(spark, module: str) -> None:
+    """Add the top-level package or module file of ``module`` as a Python artifact of the session (a
+    package zipped once per session's temporary folder); nothing for a module of the standard library or
+    of an installed distribution, which the workers' interpreter has."""
+    import sys
+    import sysconfig
+    import tempfile
+    from pathlib import Path
+
+    top = sys.modules[module.split(".")[0]]
+    where = getattr(top, "__file__", None)
+    installed = {Path(sysconfig.get_paths()[k]).resolve() for k in ("stdlib", "purelib", "platlib")}
+    if where is None or any(p in Path(where).resolve().parents for p in installed):
+        return
+    path = Path(where)
+    if path.name == "__init__.py":  # (a package: zipped whole)
+        import shutil
+
+        path = Path(shutil.make_archive(str(Path(tempfile.mkdtemp(prefix="ivm-udf-")) / top.__name__), "zip",
+                                        root_dir=path.parent.parent, base_dir=path.parent.name))
+    spark.addArtifacts(str(path), pyfile=True)

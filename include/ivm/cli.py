@@ -280,6 +280,30 @@ def cmd_gc(args) -> int:
     return 0
 
 
+def cmd_server(args) -> int:
+    """`ivm server start|status|stop`: the project's Spark Connect server (ivm.server)."""
+    from ivm import server
+    from ivm.config import load_project
+
+    config = load_project(args.project)
+    if args.server_command == "start" and args.foreground:
+        _err(f"Spark Connect server for {config.project_name} at sc://{args.host}:{args.port} (in the foreground)")
+        server.run_in_foreground(config, args.host, args.port, args.master)
+    if args.server_command == "start":
+        state = server.start(config, args.host, args.port, progress=_err, master=args.master)
+        _out(state.address)
+        _err(f"ready: {state.describe()}")
+        _err(f"ivm commands of this project use it; other programs: export SPARK_REMOTE={state.address}")
+        return 0
+    if args.server_command == "stop":
+        state = server.stop(config)
+        _out(f"stopped the {state.describe()}" if state else "no Spark Connect server of this project is running")
+        return 0
+    state = server.status(config)
+    _out(state.describe() if state else "no Spark Connect server of this project is running")
+    return 0 if state else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     # --project and -v go before the command or after it: each (sub)parser sets them only when given
     # (SUPPRESS), so a subcommand's default cannot overwrite `ivm --project X compact`'s X; `parse_args`
@@ -389,6 +413,23 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("gc", parents=[common],
                        help="delete versions, layers and log segments past the retention period")
     p.set_defaults(func=cmd_gc)
+
+    p = sub.add_parser("server", parents=[common],
+                       help="the project's Spark Connect server: one warm Spark for every command")
+    server_sub = p.add_subparsers(dest="server_command", required=True, metavar="ACTION")
+    p = server_sub.add_parser("start", parents=[common],
+                              help="start it in the background with the project's Spark settings; prints its "
+                                   "sc:// address")
+    p.add_argument("--host", default="127.0.0.1", help="the address it listens on (default: loopback only)")
+    p.add_argument("--port", type=int, default=15002, help="its port (default: Spark Connect's, 15002)")
+    p.add_argument("--master", help="the Spark master it runs on (default: the project's spark.master)")
+    p.add_argument("--foreground", action="store_true",
+                   help="run it in this process, its log on the output (a container's or a service manager's way)")
+    server_sub.add_parser("status", parents=[common], help="its address, pid and log (exit code 1: none running)")
+    server_sub.add_parser("stop", parents=[common], help="stop it")
+    p.set_defaults(func=cmd_server)
+    for action in server_sub.choices.values():
+        action.set_defaults(func=cmd_server)
     return parser
 
 
@@ -426,6 +467,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("ivm: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # (`ivm log list t | head`: the reader left; nothing to say)
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     log.info("%s took %.2f s", args.command, time.perf_counter() - started)
     return code
 

@@ -68,7 +68,23 @@ class SparkSettings(_Model):
     """How ivm starts Spark when it runs in-process (`ivm refresh`, the demo, tests), and plans its work."""
 
     master: str = "local[2]"
+    #: a Spark Connect server (``sc://host:port``) that every command, the Python API and the DAG's
+    #: Spark tasks run on instead of starting Spark in-process; the environment's ``SPARK_REMOTE``
+    #: overrides it (Spark's own convention), and `ivm server start` starts one with this project's
+    #: settings. Unset: the project's running server if there is one, else local Spark in-process
+    remote: str | None = Field(default=None, pattern=r"^sc://")
+    #: a Hive metastore service (``thrift://host:9083``) that keeps the views' names in the Spark catalog
+    #: (`ivm.sinks.register`), shared by every JVM of the project — the Spark Connect server, the DAG's
+    #: spark-submits, in-process sessions, users' notebooks (the compose stack runs one on its
+    #: PostgreSQL). Unset: an embedded Derby database in the warehouse, which one JVM opens at a time
+    metastore: str | None = Field(default=None, pattern=r"^thrift://")
     conf: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("remote", "metastore", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value):
+        """``""`` (a ``${VAR:-}`` of the project file whose variable is unset) is no setting."""
+        return None if value == "" else value
     #: a refresh whose changes hold at most this many rows (its tables' net deltas, and the deltas it
     #: derives from them) is planned in one partition: no shuffle between its steps (`zset.one_partition`);
     #: the same for a table's log range in the trim. 0: always the distributed plan

@@ -23,6 +23,7 @@ from ivm.lang import compile_project
 from ivm.maintain import counting, strategy
 from ivm.maintain.groupby import GroupByState
 from ivm.maintain.recompute import Evaluator, as_used
+from ivm.server import remote_for
 from ivm.spark import project_conf, quiet_query_context, session
 from ivm.storage import Warehouse
 from ivm.stratify import Strata, stratify
@@ -47,8 +48,10 @@ class RunContext:
     def spark(self) -> SparkSession:
         if self._start_spark is not None:
             spark = self._start_spark()
-        else:  # (the project's settings, its views' names kept in a metastore under the warehouse)
-            spark = session(self.config.spark.model_copy(update={"conf": project_conf(self.config)}))
+        else:  # (a Spark Connect server, or local Spark with the project's settings, its views' names kept
+            # in a metastore under the warehouse)
+            spark = session(self.config.spark.model_copy(update={"conf": project_conf(self.config)}),
+                            remote=remote_for(self.config))
         register_aggregates(spark, self.config.aggregates)
         quiet_query_context()
         return spark

@@ -59,6 +59,13 @@ class ValidationError(IvmError):
     exit_code = 7
 
 
+class SparkUnavailableError(IvmError):
+    """Spark cannot be reached or started: a Spark Connect server that does not answer, or one that
+    `ivm server start` could not start (retried by the DAG: a server may come back)."""
+
+    exit_code = 8
+
+
 def one_line(error: BaseException) -> str:
     """The first line of an error's message (what the catalog records for a failed run)."""
     text = str(error)

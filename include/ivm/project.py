@@ -40,10 +40,14 @@ class Project:
         self.ctx = RunContext(config, catalog, start_spark)
 
     @classmethod
-    def open(cls, path: str | None = None, start_spark: Callable[[], SparkSession] | None = None) -> Project:
-        """Open the project at ``path`` (else $IVM_PROJECT, else ./ivm.yaml). Spark starts when first
-        needed: by ``start_spark`` if given (a spark-submit job: its master and conf), else from the
-        project's ``spark:`` settings (`ivm.spark.session`)."""
+    def open(cls, path: str | None = None, start_spark: Callable[[], SparkSession] | None = None,
+             spark: SparkSession | None = None) -> Project:
+        """Open the project at ``path`` (else $IVM_PROJECT, else ./ivm.yaml). Its Spark is ``spark`` if
+        given (the user's own session, classic or Spark Connect), else started when first needed: by
+        ``start_spark`` if given (a spark-submit job: its master and conf), else as `ivm.spark.session`
+        finds it (a Spark Connect server, or local Spark from the project's ``spark:`` settings)."""
+        if spark is not None:
+            start_spark = lambda: spark  # noqa: E731 - the user's session, as it is
         return cls(load_project(path), start_spark=start_spark)
 
     # -- what the run context holds (ivm.context) ---------------------------------------------------

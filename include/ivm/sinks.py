@@ -29,7 +29,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from urllib.parse import unquote
 
-from py4j.protocol import Py4JJavaError
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -40,6 +39,7 @@ from ivm.changes import delta
 from ivm.config import COUNT_COLUMN, resolve_location
 from ivm.context import RunContext
 from ivm.errors import ConfigError, IvmError, one_line
+from ivm.spark import spark_errors
 from ivm.storage import SPARK_SCHEMA
 from ivm.zset import quote
 
@@ -194,9 +194,8 @@ def _overwrite(rows: DataFrame, where: str, view: str, version: int) -> None:
 
 
 def _merge(ctx: RunContext, view: str, where: str, key: list[str], delta_path: str, version: int) -> None:
-    """One MERGE: the keys the view's delta touched, each with its new row or marked gone."""
-    from delta.tables import DeltaTable
-
+    """One MERGE: the keys the view's delta touched, each with its new row or marked gone (Delta's ``MERGE
+    INTO`` in Spark SQL, the source a DataFrame argument of the query: classic and Connect sessions alike)."""
     spark = ctx.spark
     schema = ctx.schema(view)
     touched = ctx.warehouse.read_layers(spark, [delta_path], schema, reuse=False).select(
@@ -212,13 +211,13 @@ def _merge(ctx: RunContext, view: str, where: str, key: list[str], delta_path: s
         *[F.col(quote(f.name)) if f.name in key else F.lit(None).cast(f.dataType).alias(f.name)
           for f in schema.fields], F.lit(False).alias("__present")))
     on = " AND ".join(f"t.{quote(k)} <=> s.{quote(k)}" for k in key)
-    values = {quote(f.name): f"s.{quote(f.name)}" for f in schema.fields}
+    columns = [quote(f.name) for f in schema.fields]
     with _idempotent(spark, view, version):
-        (DeltaTable.forPath(spark, where).alias("t").merge(source.alias("s"), on)
-         .whenMatchedDelete("NOT s.__present")
-         .whenMatchedUpdate("s.__present", values)
-         .whenNotMatchedInsert("s.__present", values)
-         .execute())
+        spark.sql(f"MERGE INTO delta.{quote(where)} t USING {{source}} s ON {on} "
+                  "WHEN MATCHED AND NOT s.__present THEN DELETE "
+                  f"WHEN MATCHED AND s.__present THEN UPDATE SET {', '.join(f't.{c} = s.{c}' for c in columns)} "
+                  f"WHEN NOT MATCHED AND s.__present THEN INSERT ({', '.join(columns)}) "
+                  f"VALUES ({', '.join(f's.{c}' for c in columns)})", source=source)
 
 
 def write_views(ctx: RunContext, run_id: str, views: list[tuple[str, int | None, str | None, bool]],
@@ -371,7 +370,7 @@ def register(ctx: RunContext, progress: Callable[[str], None] = lambda _: None) 
             progress(f"views.{view}: registered as {db}.{view} ({where})")
             done.append(f"{db}.{view}")
         return done
-    except (AnalysisException, Py4JJavaError) as e:
+    except (AnalysisException, *spark_errors()) as e:
         raise IvmError(f"the Spark catalog cannot register the views in database {db}: {one_line(e)} (an embedded "
                        "Derby metastore opens in one JVM at a time; storage.register_views: false skips this)") from e
 

@@ -1,9 +1,17 @@
-"""Starting Spark for in-process use (`ivm` commands, the demo, tests), measuring what its jobs did, and
-switching adaptive execution off around a small run's work (`adaptive`).
+"""The Spark ivm runs on (DESIGN.md §9): a Spark Connect server when one is named, else local Spark started
+in-process (`ivm` commands, the demo, tests); what its jobs did (`JobMetrics`, classic sessions only); and
+adaptive execution switched off around a small run's work (`adaptive`).
 
-spark-submit jobs build their session from spark-submit's configuration instead, when the stage first
-needs it (jobs/ivm_stage.py hands `Project.open` a ``start_spark``); `session()` reuses an active session
-when there is one.
+Every module of ivm reaches Spark through the DataFrame API, Spark SQL (``MERGE INTO`` for Delta),
+``spark.conf``, tags and artifacts alone, which classic and Spark Connect sessions both offer, so the same
+refresh runs in-process, under spark-submit and against a warm server. What only a classic session has
+(``sparkContext``, the JVM behind py4j) is used in this module alone, in the places marked CLASSIC ONLY.
+
+Which Spark (`session`): ``SPARK_REMOTE`` (Spark's own convention), else the project's ``spark.remote``,
+else (`ivm.server.remote_for`) the project's running `ivm server`, else local Spark in-process from the
+project's ``spark:`` settings. spark-submit jobs build their session from spark-submit's configuration
+instead, when the stage first needs it (jobs/ivm_stage.py hands `Project.open` a ``start_spark``);
+`session()` reuses an active session when there is one.
 """
 
 from __future__ import annotations
@@ -15,12 +23,14 @@ import re
 import sys
 import time
 import uuid
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from ivm.config import ProjectConfig, SparkSettings
+from ivm.errors import SparkUnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -104,17 +114,24 @@ def with_delta(conf: dict[str, str]) -> dict[str, str]:
 CATALOG_IMPLEMENTATION = "spark.sql.catalogImplementation"
 
 
-def with_metastore(conf: dict[str, str], warehouse: str) -> dict[str, str]:
+def with_metastore(conf: dict[str, str], warehouse: str, metastore: str | None = None) -> dict[str, str]:
     """``conf`` with a persistent Spark catalog for the views' names (`ivm.sinks.register`): Spark's
-    Hive catalog on its embedded metastore, an Apache Derby database in ``<warehouse>/metastore_db`` —
-    unless ``conf`` chooses a catalog itself (``spark.sql.catalogImplementation``: a shared Hive
-    metastore by ``spark.hadoop.hive.metastore.uris``, say) or the warehouse is not a local folder.
+    Hive catalog on the metastore service ``metastore`` (``thrift://host:port``: one that every JVM of the
+    project shares), or else on its embedded metastore, an Apache Derby database in
+    ``<warehouse>/metastore_db`` — unless ``conf`` chooses a catalog itself
+    (``spark.sql.catalogImplementation``) or, without ``metastore``, the warehouse is not a local folder.
 
     A Derby database is opened by one JVM at a time: a notebook reading the views by name through it
     keeps ivm's `apply` from registering until it stops (README "Delta Lake"). Spark opens the metastore
     on a session's first use of the catalog, which only `apply` and table-named sources make: refreshes
     read and write Delta tables by path, so a DAG's parallel tasks do not contend for it."""
-    if CATALOG_IMPLEMENTATION in conf or "://" in warehouse:
+    if CATALOG_IMPLEMENTATION in conf:
+        return conf
+    if metastore:  # (a metastore service: every JVM of the project shares it)
+        return {CATALOG_IMPLEMENTATION: "hive", "spark.hadoop.hive.metastore.uris": metastore,
+                **({} if "://" in warehouse else {"spark.sql.warehouse.dir": str(Path(warehouse) / "spark-warehouse")}),
+                **conf}
+    if "://" in warehouse:
         return conf
     home = Path(warehouse)
     # (quoted: Spark splits the options as a shell would, and a space in the path cut it in two)
@@ -130,7 +147,7 @@ def project_conf(config: ProjectConfig) -> dict[str, str]:
     """What a project's Spark starts with, in process (`ivm.context.RunContext.spark`) and under the DAG's
     spark-submits alike: ivm's `DEFAULT_CONF` under the project's ``spark.conf``, with its views' metastore
     (`with_metastore`; the defaults come first so that its Java option joins their log configuration's)."""
-    return with_metastore({**DEFAULT_CONF, **config.spark.conf}, config.warehouse_uri)
+    return with_metastore({**DEFAULT_CONF, **config.spark.conf}, config.warehouse_uri, config.spark.metastore)
 
 
 #: Hadoop's local file system with permissions set in-process (include/ivm/jvm/NioLocalFileSystem.java,
@@ -169,14 +186,39 @@ def quiet_query_context() -> None:
         PySparkLogger.getLogger(name).setLevel(logging.CRITICAL)
 
 
-def session(settings: SparkSettings | None = None, app_name: str = "ivm"):
-    """The active SparkSession, or a new one built from the project's `spark:` settings."""
+#: Spark's own environment variable naming a Spark Connect server (``sc://host:port``)
+SPARK_REMOTE = "SPARK_REMOTE"
+
+
+def remote_address(settings: SparkSettings | None = None) -> str | None:
+    """The Spark Connect server named by ``SPARK_REMOTE``, else by the project's ``spark.remote``."""
+    return os.environ.get(SPARK_REMOTE) or (settings.remote if settings is not None else None)
+
+
+def classic_session_active() -> bool:
+    """Whether this process already runs classic Spark (a notebook's session, the test suite's): it keeps
+    it, rather than switching PySpark to Spark Connect under it. Asked without importing PySpark."""
+    context = sys.modules.get("pyspark.core.context")
+    return context is not None and context.SparkContext._active_spark_context is not None
+
+
+def is_connect(spark) -> bool:
+    """Whether ``spark`` is a Spark Connect session (a client of a server), not a classic one."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def session(settings: SparkSettings | None = None, app_name: str = "ivm", remote: str | None = None):
+    """A SparkSession: a client of the Spark Connect server ``remote`` (default `remote_address`), else
+    the active classic session, or a new local one built from the project's ``spark:`` settings."""
+    settings = settings or SparkSettings()
+    remote = remote or remote_address(settings)
+    if remote:
+        return connect(remote, settings.conf)
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
-    settings = settings or SparkSettings()
     # the driver and the Python workers must run the same interpreter (the venv's)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -187,8 +229,88 @@ def session(settings: SparkSettings | None = None, app_name: str = "ivm"):
         builder = builder.config(k, v)
     log.info("starting Spark (%s)", settings.master)
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")
+    spark.sparkContext.setLogLevel("WARN")  # CLASSIC ONLY: the session started here is classic
     return spark
+
+
+def reachable(remote: str, timeout: float = 2.0) -> bool:
+    """Whether something listens at a Spark Connect address's host and port (a TCP connect, no RPC)."""
+    import socket
+    from urllib.parse import urlparse
+
+    parsed = urlparse(remote.split(";", 1)[0].replace("sc://", "http://", 1))
+    try:
+        with socket.create_connection((parsed.hostname or "localhost", parsed.port or CONNECT_PORT), timeout):
+            return True
+    except OSError:
+        return False
+
+
+#: Spark Connect's default port
+CONNECT_PORT = 15002
+
+
+def connect(remote: str, conf: dict[str, str] | None = None):
+    """A client session of the Spark Connect server at ``remote``, with the runtime SQL settings of
+    ``conf`` (``spark.sql.*``: shuffle partitions, the time zone, ...) set on it; the others (memory, jars,
+    extensions, the catalog) are the server's, fixed when it started (`ivm server start` starts it with
+    the project's). A server that does not answer is one line, `SparkUnavailableError`, at once: Spark's
+    client would retry for minutes."""
+    if not reachable(remote):
+        raise SparkUnavailableError(f"no Spark Connect server answers at {remote} (SPARK_REMOTE or spark.remote): "
+                                    "start one with `ivm server start`, or unset it to run Spark in-process")
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    active = ConnectSession.getActiveSession()
+    if active is not None and not active.is_stopped:  # (as a classic session is reused: the caller's, as it is)
+        return active
+    started = time.perf_counter()
+    runtime = {k: v for k, v in (conf or {}).items() if k.startswith("spark.sql.") and k not in STATIC_SQL_CONF}
+    # (PySpark's own builder: it also switches `pyspark.sql.functions` to Spark Connect for this process)
+    from pyspark.sql import SparkSession
+
+    # the client warns of a window without PARTITION BY as it builds the plan (a classic session logs it in
+    # the JVM, below ivm's log level): ivm's are on purpose, a small change's rows in one partition
+    warnings.filterwarnings("ignore", message="WARN WindowExpression: No Partition Defined", category=UserWarning)
+
+    spark = SparkSession.builder.remote(remote).config(map=runtime).getOrCreate()
+    log.info("connected to Spark Connect at %s (Spark %s, %.2f s)", remote, spark.version,
+             time.perf_counter() - started)
+    return spark
+
+
+#: SQL settings a session cannot change (Spark's static SQL configuration): a Connect server's own
+STATIC_SQL_CONF = frozenset({"spark.sql.extensions", "spark.sql.catalogImplementation", "spark.sql.warehouse.dir",
+                             "spark.sql.catalog.spark_catalog", "spark.sql.ui.retainedExecutions",
+                             "spark.sql.codegen.cache.maxEntries"})
+
+
+def side_session(spark):
+    """A session beside ``spark`` on the same Spark (its cluster, its catalog) with temporary views of its
+    own, so none of ``spark``'s names is shadowed: a classic session's ``newSession``, a Spark Connect
+    session's ``cloneSession`` (a new session on the server; Connect has no ``newSession``)."""
+    return spark.cloneSession() if is_connect(spark) else spark.newSession()
+
+
+def observed(observation) -> dict | None:
+    """An Observation's metrics after its action, or None when Spark proved the observed rows empty and
+    dropped the observation with the plan: a Spark Connect client then received no metrics (``{}``), a
+    classic session holds an empty row that ``get`` cannot read (looked at through py4j: CLASSIC ONLY)."""
+    if is_connect(observation) or not hasattr(observation, "_jo"):
+        return observation.get or None
+    return None if observation._jo.getRow().length() == 0 else observation.get
+
+
+def spark_errors() -> tuple[type[BaseException], ...]:
+    """The exceptions a Spark call raises for a failure inside Spark: PySpark's own (classic and Connect),
+    and py4j's for a JVM error a classic session does not convert (py4j is absent with pyspark-client)."""
+    from pyspark.errors import PySparkException
+
+    try:
+        from py4j.protocol import Py4JJavaError
+    except ImportError:
+        return (PySparkException,)
+    return (PySparkException, Py4JJavaError)
 
 
 ADAPTIVE = "spark.sql.adaptive.enabled"
@@ -229,20 +351,46 @@ def adaptive(spark, enabled: bool) -> Iterator[None]:
                 spark.conf.set(k, v)
 
 
+def runs_elsewhere(spark) -> bool:
+    """Whether the Python workers of ``spark`` may run on another machine or interpreter than this one: a
+    Spark Connect server (whatever its master), or a classic session on a cluster master."""
+    return is_connect(spark) or not spark.conf.get("spark.master", "local").startswith("local")
+
+
 def ship_package(spark) -> None:
-    """Make the ``ivm`` package importable on the executors of a cluster (its Python UDFs, registered
-    aggregates, run there): zip it and add it to the SparkContext. Local masters share the driver's."""
-    master = spark.sparkContext.master
-    if master.startswith("local"):
+    """Make the ``ivm`` package importable by the Python workers of a cluster or a Spark Connect server
+    (its Python UDFs, registered aggregates, run there): zip it and add it as a Python artifact
+    (``addArtifacts``, both session kinds). Local classic masters share the driver's interpreter."""
+    if not runs_elsewhere(spark):
         return
-    import shutil
+    archive = package_archive()
+    spark.addArtifacts(str(archive), pyfile=True)
+    log.info("shipped the ivm package to Spark's Python workers (%s)", archive)
+
+
+def package_archive() -> Path:
+    """A zip of the installed ``ivm`` package, made once per content (named by a hash of its files, kept in
+    the temporary folder): a Spark Connect session per command ships the same file."""
+    import hashlib
     import tempfile
+    import zipfile
 
     package = Path(__file__).resolve().parent
-    target = Path(tempfile.mkdtemp(prefix="ivm-package-")) / "ivm"
-    archive = shutil.make_archive(str(target), "zip", root_dir=package.parent, base_dir=package.name)
-    spark.sparkContext.addPyFile(archive)
-    log.info("shipped the ivm package to the executors of %s (%s)", master, archive)
+    files = sorted(p for p in package.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+                   and p.suffix in {".py", ".properties", ".mako"})
+    digest = hashlib.sha1()
+    for p in files:
+        digest.update(str(p.relative_to(package)).encode())
+        digest.update(p.read_bytes())
+    target = Path(tempfile.gettempdir()) / f"ivm-package-{digest.hexdigest()[:12]}" / "ivm.zip"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_suffix(".part")
+        with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as z:
+            for p in files:
+                z.write(p, Path("ivm") / p.relative_to(package))
+        partial.replace(target)
+    return target
 
 
 @dataclass
@@ -259,7 +407,10 @@ class Measured:
 
 class JobMetrics:
     """Jobs, rows read and bytes written by what runs inside ``measure`` (a job group per block, the
-    stages' metrics from Spark's status store, which is kept with the UI off too)."""
+    stages' metrics from Spark's status store, which is kept with the UI off too).
+
+    CLASSIC ONLY: the status store has no API a Spark Connect client reaches (the benchmark and a few
+    tests measure in a classic session)."""
 
     def __init__(self, spark):
         self.sc = spark.sparkContext

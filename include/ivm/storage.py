@@ -204,7 +204,7 @@ class Warehouse:
         elif files:
             df = df.coalesce(files)
         self._forget_reads(path)  # (a retried stage overwrites its layer: its old files are gone)
-        df.write.mode("errorifexists" if run_id is None else "overwrite").parquet(path)
+        df.write.mode("error" if run_id is None else "overwrite").parquet(path)
         rows, size = self.parquet_stats(path)
         log.info("wrote %s layer of %s: %s rows, %s bytes", kind, relation, rows, size)
         return WrittenLayer(layer_id, relation, kind, path, rows, size)

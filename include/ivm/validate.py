@@ -57,7 +57,7 @@ from ivm.expectations import EXPECTED, STAGED
 from ivm.ir import GroupBy, Program, Var
 from ivm.lang.sql import union_in_recursion
 from ivm.maintain.strategy import Form
-from ivm.spark import adaptive
+from ivm.spark import adaptive, side_session
 from ivm.storage import Scratch
 from ivm.zset import consolidate, expand, one_partition, restrict, small_change, union_all
 
@@ -472,7 +472,7 @@ class SqlText:
     """An SQL view's rows as its own SQL text returns them, run by Spark SQL — not through ivm's
     compiled rules, so a mistake of the front end or of a rewrite shows as a difference (#45, item 3).
     The tables (their states at the run's snapshot, as SQL sees them) and the SQL views it reads (their
-    own SQL texts) are temporary views of a Spark session of its own (`SparkSession.newSession`: the
+    own SQL texts) are temporary views of a Spark session of its own (`ivm.spark.side_session`: the
     same cluster, its own temporary views, so no name of the user's session is shadowed). A view that
     reads a Datalog view, or whose text Spark SQL cannot run (a recursive CTE with UNION, which Spark
     runs with UNION ALL only; a user-defined aggregate), is compared with the compiled rules alone, and
@@ -489,7 +489,7 @@ class SqlText:
         from ivm.aggregates import register
 
         if self._session is None:
-            self._session = self.ctx.spark.newSession()
+            self._session = side_session(self.ctx.spark)
             register(self._session, self.ctx.config.aggregates)
         return self._session
 

@@ -7,16 +7,23 @@ per stage)"). Not a test: figures are measured and reported, never asserted.
 One project holding the views (built and materialized as run.py does), then per way one RF1/RF2 change
 of the same size appended and refreshed:
 
-    in-process   `Project.refresh()` in a warm Spark session (what run.py's T_inc measures)
-    ivm refresh  the CLI in a new process: Python start, Spark session start, the stages, exit
-    Airflow DAG  `airflow dags test ivm_refresh` (Airflow 3, its own AIRFLOW_HOME and SQLite database):
-                 plan, publish and report Python tasks; trim, one maintain task per view, validate,
-                 sink and compact spark-submits of jobs/ivm_stage.py with ``spark_default`` at
-                 ``local[2]``, each skipped when the run gives it nothing to do
-    no-op DAG    the same DAG again with nothing changed: no Spark task should start a JVM
+    in-process     `Project.refresh()` in a warm Spark session (what run.py's T_inc measures)
+    ivm refresh    the CLI in a new process: Python start, Spark session start, the stages, exit
+    ... on a server  the CLI in a new process against the project's warm Spark Connect server
+                   (`ivm server start`, warmed by one refresh): no JVM in the command
+    commands       `ivm apply` (nothing changed), `runs`, `explain`, `snapshot`, `show` of an unknown
+                   name, against the warm server: what a command that needs no data costs
+    Airflow DAG    `airflow dags test ivm_refresh` (Airflow 3, its own AIRFLOW_HOME and SQLite database):
+                   plan, publish and report Python tasks; trim, maintain (one per stratum), validate,
+                   sink and compact spark-submits of jobs/ivm_stage.py with ``spark_default`` at
+                   ``local[2]``, each skipped when the run gives it nothing to do
+    ... on Connect the same DAG with ``IVM_SPARK_CONNECT_CONN_ID``: its Spark stages Python tasks on the
+                   warm server (maintain one per view), no spark-submit
+    no-op DAG      the same DAG again with nothing changed: no Spark task should start a JVM
 
-with each way's refresh mode, the DAG's ratio to `ivm refresh` (#47's goal: at most 1.5), and for the
-DAG the tasks it skipped and the seconds its stages' own work took.
+with each way's refresh mode, the goals' ratios (a refresh on the server against the in-process one:
+at most 1.3× + 1 s; the DAG on Connect against `ivm refresh` on the same server: at most 1.5×), and for
+the DAGs the tasks they skipped and the seconds their stages' own work took.
 """
 
 from __future__ import annotations
@@ -61,6 +68,9 @@ def build(root: Path, sf: float, views: list[str]) -> Path:
     path = folder / "ivm.yaml"
     path.write_text(yaml.safe_dump({
         "warehouse": "./warehouse",
+        # (the views are not registered by name: this process's Spark and the server's would both open the
+        # project's embedded metastore, which one JVM holds at a time; refreshes never read it)
+        "storage": {"register_views": False},
         "spark": {"master": "local[2]", "conf": {"spark.sql.shuffle.partitions": "4", "spark.driver.memory": "4g"}},
         "tables": tables, "views": {v: {"sql": TPCH_VIEWS[v], "validate": {"sample": 0}} for v in views}},
         sort_keys=False))
@@ -107,17 +117,26 @@ def main() -> None:
     t0 = time.perf_counter()
     project.refresh()
     rows.append(("in-process `Project.refresh()` (warm Spark session)", n, time.perf_counter() - t0, last_modes(), ""))
+    in_process = rows[0][2]
     # the CLI, a new process
+    user = {k: v for k, v in os.environ.items() if k != "SPARK_REMOTE"}
+
+    def ivm(*argv: str) -> float:
+        t0 = time.perf_counter()
+        done = subprocess.run([str(BIN / "ivm"), *argv, "--project", str(path)], env=user, capture_output=True,
+                              text=True)
+        if done.returncode not in (0, 2):  # (2: the unknown name, on purpose)
+            raise SystemExit(done.stderr)
+        return time.perf_counter() - t0
+
     n = append()
-    t0 = time.perf_counter()
-    subprocess.run([str(BIN / "ivm"), "refresh", "--project", str(path)], check=True, capture_output=True)
-    rows.append(("`ivm refresh` (new process: Python, Spark session, stages)", n, time.perf_counter() - t0,
-                 last_modes(), ""))
-    # the Airflow DAG: Python tasks for the catalog-only stages, a spark-submit per Spark task
-    n = append()
+    seconds = ivm("refresh")
+    rows.append(("`ivm refresh` (new process: Python, Spark session, stages)", n, seconds, last_modes(), ""))
+    cli = seconds
+    # the Airflow DAG's home: Python tasks for the catalog-only stages, a spark-submit per Spark task
     home = root / "airflow-e2e"
     shutil.rmtree(home, ignore_errors=True)
-    env = {**os.environ, "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+    env = {**user, "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
            "AIRFLOW__CORE__LOAD_EXAMPLES": "false", "IVM_PROJECT": str(path),
            "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[2]"}),
            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "SPARK_LOCAL_IP": "127.0.0.1"}
@@ -138,20 +157,56 @@ def main() -> None:
         submits = (done.stdout + done.stderr).count("Spark-Submit cmd:")
         return seconds, ", ".join(skipped) or "none", str(submits)
 
+    def inside() -> str:
+        stages: dict[str, float] = {}
+        for s in project.runs(1)[0].stages:  # the tables are trimmed side by side: the longest table's time
+            both = (stages.get(s.stage, 0.0), s.seconds or 0.0)
+            stages[s.stage] = max(both) if s.stage == "trim" else sum(both)
+        return ", ".join(f"{k} {v:.1f} s" for k, v in stages.items())
+
+    n = append()
     seconds, skipped, submits = dag_run()
-    run = project.runs(1)[0]
-    stages = {}
-    for s in run.stages:  # the tables are trimmed side by side: the trim took its longest table's time
-        both = (stages.get(s.stage, 0.0), s.seconds or 0.0)
-        stages[s.stage] = max(both) if s.stage == "trim" else sum(both)
-    inside = ", ".join(f"{k} {v:.1f} s" for k, v in stages.items())
-    cli = rows[1][2]
-    rows.append(("Airflow `ivm_refresh` DAG (`dags test`, Python tasks + a spark-submit per Spark task, local[2])",
-                 n, seconds, last_modes(), f"{seconds / cli:.2f}× `ivm refresh`; {submits} spark-submits; skipped: "
-                 f"{skipped}; the stages' own work: {inside}"))
-    seconds, skipped, submits = dag_run()
-    rows.append(("the same DAG with nothing to do", 0, seconds, project.runs(1)[0].status,
-                 f"{submits} spark-submits; skipped: {skipped}"))
+    rows.append(("Airflow `ivm_refresh` DAG (`dags test`, Python tasks + a spark-submit per Spark task and per "
+                 "stratum, local[2])", n, seconds, last_modes(),
+                 f"{seconds / cli:.2f}× `ivm refresh`; {submits} spark-submits; skipped: {skipped}; the stages' "
+                 f"own work: {inside()}"))
+
+    # the same against the project's warm Spark Connect server
+    from ivm import server
+
+    server.stop(project.config)
+    started = time.perf_counter()
+    state = server.start(project.config)
+    boot = time.perf_counter() - started
+    try:
+        append()
+        warm_up = ivm("refresh")  # (the server's first refresh: its JVM still cold)
+        n = append()
+        seconds = ivm("refresh")
+        rows.append((f"`ivm refresh` against a warm Spark Connect server (`ivm server start`: {boot:.1f} s; its "
+                     f"first refresh {warm_up:.1f} s)", n, seconds, last_modes(),
+                     f"{seconds / in_process:.2f}× in-process; goal ≤ 1.3× + 1 s = {1.3 * in_process + 1:.1f} s"))
+        on_server = seconds
+        commands = {" ".join(c): ivm(*c) for c in [("apply",), ("runs",), ("explain", args.views[0]), ("snapshot",),
+                                                    ("show", "nosuch")]}
+        rows.append(("commands that need no data, against the server", 0, max(commands.values()), "",
+                     "; ".join(f"`ivm {c}` {s:.2f} s" for c, s in commands.items())))
+        # the DAG on the warm server: its Spark stages Python tasks, a spark_connect connection
+        n = append()
+        host, port = state.address.removeprefix("sc://").split(":")
+        env.update({"IVM_SPARK_CONNECT_CONN_ID": "spark_connect_default",
+                    "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": json.dumps({"conn_type": "spark_connect",
+                                                                      "host": f"sc://{host}", "port": int(port)})})
+        seconds, skipped, submits = dag_run()
+        rows.append(("Airflow `ivm_refresh` DAG on Spark Connect (`IVM_SPARK_CONNECT_CONN_ID`: Python tasks on the "
+                     "warm server, maintain per view)", n, seconds, last_modes(),
+                     f"{seconds / on_server:.2f}× `ivm refresh` on the server (goal ≤ 1.5); {submits} spark-submits; "
+                     f"skipped: {skipped}; the stages' own work: {inside()}"))
+        seconds, skipped, submits = dag_run()
+        rows.append(("the same DAG with nothing to do", 0, seconds, project.runs(1)[0].status,
+                     f"{submits} spark-submits; skipped: {skipped}"))
+    finally:
+        server.stop(project.config)
     project.close()
 
     out = Path(args.out)

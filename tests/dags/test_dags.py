@@ -128,6 +128,34 @@ def test_build_dags_options_reach_the_tasks(tmp_path):
         build_dags(REPO / "jobs", path, spark={"trim": {"memory": "1g"}})
 
 
+def test_with_a_spark_connect_connection_the_spark_stages_are_python_tasks(tmp_path, monkeypatch):
+    """One setting (``IVM_SPARK_CONNECT_CONN_ID``, or ``spark_connect_conn_id``) turns every Spark stage into
+    a Python task on the worker that connects to that connection's Spark Connect server: no spark-submit
+    task is left, the maintain tasks stay mapped (per view there, `views` decides), the validate task
+    keeps its data-quality link, and the pool still applies."""
+    from ivm.orchestration.dags import CONNECT_CONN_ENV, build_dags
+    from ivm.orchestration.links import DataQualityLink
+
+    path = str(write_project(tmp_path / "proj", TABLES, views=VIEWS))
+    monkeypatch.setenv(CONNECT_CONN_ENV, "warm")
+    dag = build_dags(REPO / "jobs", path, spark_pool="spark")["ivm_refresh_hourly"]
+    kinds = {t.task_id: type(t).__name__ for t in dag.tasks}
+    assert not any("SparkStage" in k or k == "ValidateOperator" for k in kinds.values()), kinds
+    assert kinds["trim"] == kinds["sink"] == kinds["compact"] == "ConnectStageOperator"
+    assert kinds["validate"] == "ConnectValidateOperator"
+    trim, validate = dag.get_task("trim"), dag.get_task("validate")
+    assert (trim.conn_id, trim.pool) == ("warm", "spark") and trim.application_args[0] == "trim"
+    assert any(isinstance(link, DataQualityLink) for link in validate.operator_extra_links)
+    maintain = dag.get_task("stratum_2.maintain")
+    assert type(maintain).__name__ == "MappedOperator" and maintain.partial_kwargs["conn_id"] == "warm"
+    assert [t.task_id for t in dag.topological_sort()] == [
+        "plan", "trim", "stratum_2.views", "stratum_2.maintain", "stratum_3.views", "stratum_3.maintain",
+        "validate", "publish", "sink", "assets", "compact", "report"]
+    # the default: spark-submits
+    monkeypatch.delenv(CONNECT_CONN_ENV)
+    assert type(build_dags(REPO / "jobs", path)["ivm_refresh_hourly"].get_task("trim")).__name__ == "SparkStageOperator"
+
+
 def test_delta_sources_are_inlets_and_can_schedule_their_group(dagbag, tmp_path):
     """A group with ``schedule: "@sources"`` runs on its Delta sources' asset events; their assets are
     the plan's inlets. A group of such a schedule whose views read no Delta source is refused."""
@@ -209,19 +237,23 @@ def test_validate_tasks_link_to_their_data_quality_page(dagbag):
 
 
 def test_docker_compose_has_the_airflow_3_layout():
-    """The services of the official Airflow 3 compose file plus Spark, built from the repo's Dockerfile,
-    with the repo's folders mounted. (`docker compose config` checks it further where the compose
-    plugin is installed.)"""
+    """The services of the official Airflow 3 compose file plus Spark (a standalone cluster and a Spark
+    Connect server) and a Hive metastore, built from the repo's Dockerfile, with the repo's folders mounted.
+    (`docker compose config` checks it further where the compose plugin is installed.)"""
     doc = yaml.safe_load((REPO / "docker-compose.yaml").read_text())
-    assert set(doc["services"]) == {"postgres", "airflow-init", "airflow-apiserver", "airflow-scheduler",
-                                    "airflow-dag-processor", "airflow-triggerer", "spark-master", "spark-worker"}
+    assert set(doc["services"]) == {"postgres", "hive-metastore", "airflow-init", "airflow-apiserver",
+                                    "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer", "spark-master",
+                                    "spark-worker", "spark-connect"}
     api = doc["services"]["airflow-apiserver"]
     assert api["command"] == "api-server" and api["build"] == "."
     assert {v.split(":")[1] for v in api["volumes"]} >= {"/opt/airflow/dags", "/opt/airflow/jobs",
                                                          "/opt/airflow/include", "/opt/airflow/plugins"}
     assert "spark://spark-master" in api["environment"]["AIRFLOW_CONN_SPARK_DEFAULT"]
-    assert "org.apache.spark.deploy.worker.Worker" in doc["services"]["spark-worker"]["entrypoint"]
-    assert (REPO / "Dockerfile").read_text().startswith("#") and "openjdk-17" in (REPO / "Dockerfile").read_text()
+    assert "org.apache.spark.deploy.worker.Worker" in doc["services"]["spark-worker"]["command"][-1]
+    dockerfile = (REPO / "Dockerfile").read_text()
+    assert dockerfile.startswith("#") and "openjdk-17" in dockerfile
+    assert doc["services"]["hive-metastore"]["build"] == {"context": ".", "target": "hive-metastore"}
+    assert "FROM apache/hive:" in dockerfile and " AS hive-metastore" in dockerfile
     docker = shutil.which("docker")
     if docker and subprocess.run([docker, "compose", "version"], capture_output=True).returncode == 0:
         checked = subprocess.run([docker, "compose", "-f", str(REPO / "docker-compose.yaml"), "config", "--quiet"],
@@ -230,11 +262,12 @@ def test_docker_compose_has_the_airflow_3_layout():
 
 
 def test_docker_compose_comes_up_as_documented():
-    """What made the compose file fail to come up, checked without a Docker engine: the password the
-    README and the file's header document is the one airflow-init writes, on a volume every Airflow
-    service reads it from; the warehouse, logs and auth volumes are handed to the tasks' user
-    (AIRFLOW_UID) by the init, which runs as root, and the Spark services run as that user too; the task
-    logs are one volume and the API and JWT secrets one value for every Airflow service; every
+    """What made the compose file fail to come up, checked without a Docker engine: the user and password
+    the README and the file's header document are the ones airflow-init creates in Airflow's FAB auth
+    manager; the warehouse and logs volumes are handed to the tasks' user (AIRFLOW_UID) by the init, which
+    runs as root, and the Spark services run as that user too, through the image's entrypoint (which names
+    a user id other than 50000; Hadoop refuses a nameless one); JAVA_HOME is no one architecture's; the
+    task logs are one volume and the API and JWT secrets one value for every Airflow service; every
     long-running service has a healthcheck, and the ones after it wait for it to be healthy."""
     text = (REPO / "docker-compose.yaml").read_text()
     doc = yaml.safe_load(text)
@@ -244,18 +277,15 @@ def test_docker_compose_comes_up_as_documented():
     assert "user and password `airflow`" in readme and "(user airflow, password airflow)" in text
     init = services["airflow-init"]
     script = init["command"][-1]
-    passwords = init["environment"]["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"]
-    assert f"echo '{{\"airflow\": \"airflow\"}}' > {passwords}" in script
-    assert init["environment"]["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"] == "airflow:admin"
+    assert "airflow users create --username airflow --password airflow --role Admin" in script
     assert init["user"] == "0:0"
     uid = "${AIRFLOW_UID:-50000}"
     chown = next(line for line in script.splitlines() if line.strip().startswith("chown -R"))
     assert chown.split()[2] == '"$${AIRFLOW_UID:-50000}:0"'  # (compose makes $$ a $ for the shell)
-    for name, service in airflow.items():
+    for name, service in {**airflow, "spark-connect": services["spark-connect"]}.items():
         mounts = {v.split(":")[1]: v.split(":")[0] for v in service["volumes"]}
         env = service["environment"]
-        assert env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"] == passwords, name
-        assert mounts[str(Path(passwords).parent)] == "airflow-auth", name
+        assert env["AIRFLOW__CORE__AUTH_MANAGER"].endswith("fab_auth_manager.FabAuthManager"), name
         assert mounts["/opt/airflow/logs"] == "airflow-logs" and mounts["/opt/ivm/warehouse"] == "ivm-warehouse", name
         assert env["AIRFLOW__API__SECRET_KEY"] and env["AIRFLOW__API_AUTH__JWT_SECRET"], name
         assert {env["AIRFLOW__API__SECRET_KEY"], env["AIRFLOW__API_AUTH__JWT_SECRET"]} == {
@@ -264,17 +294,56 @@ def test_docker_compose_comes_up_as_documented():
         if name != "airflow-init":
             assert service["user"] == f"{uid}:0" and "healthcheck" in service, name
             assert service["depends_on"]["airflow-init"]["condition"] == "service_completed_successfully", name
-    for path in ("/opt/ivm/warehouse", "/opt/airflow/logs", str(Path(passwords).parent)):
+            assert service["depends_on"]["hive-metastore"]["condition"] == "service_healthy", name
+    for path in ("/opt/ivm/warehouse", "/opt/airflow/logs"):
         assert path in chown, path
     for name in ("spark-master", "spark-worker"):
-        assert services[name]["user"] == f"{uid}:0" and "healthcheck" in services[name], name
+        service = services[name]
+        assert service["user"] == f"{uid}:0" and "healthcheck" in service, name
+        assert "entrypoint" not in service and service["command"][:2] == ["bash", "-c"], name
+        assert service["command"][2].startswith("exec spark-class org.apache.spark.deploy."), name
     worker = services["spark-worker"]
     assert "ivm-warehouse:/opt/ivm/warehouse" in worker["volumes"]
-    assert worker["depends_on"]["spark-master"]["condition"] == "service_healthy"
-    assert "healthcheck" in services["postgres"]
-    assert set(doc["volumes"]) >= {"ivm-warehouse", "airflow-logs", "airflow-auth"}
-    # the README's path from `docker compose up` to a triggered refresh names what exists
-    for step in ("docker compose up -d --build", "include/docker/load-demo.sh", "airflow dags unpause ivm_refresh",
-                 "airflow dags trigger ivm_refresh"):
-        assert step in readme, step
-    assert (REPO / "include" / "docker" / "load-demo.sh").stat().st_mode & 0o111
+    dockerfile = (REPO / "Dockerfile").read_text()
+    java_home = next(line for line in dockerfile.splitlines() if line.startswith("ENV JAVA_HOME="))
+    assert "amd64" not in java_home and "arm64" not in java_home and "dpkg --print-architecture" in dockerfile
+
+
+def test_docker_compose_runs_spark_connect_and_a_shared_metastore():
+    """The Spark Connect server runs ivm's own `ivm server start` (in the foreground) on the standalone
+    cluster, healthchecked; the `spark_connect` connection names it, beside `spark_default`; the DAGs keep
+    spark-submit unless IVM_SPARK_CONNECT_CONN_ID is set; every JVM keeps the views' names in the Hive
+    metastore on the stack's PostgreSQL (the demo project reads IVM_METASTORE); the Spark master, the
+    Connect server and PostgreSQL are published on the host's loopback only."""
+    from ivm.cli import parse_args
+    from ivm.config import load_project
+
+    doc = yaml.safe_load((REPO / "docker-compose.yaml").read_text())
+    services = doc["services"]
+    connect = services["spark-connect"]
+    command = connect["command"][2].removeprefix("exec ").split()
+    assert command[:3] == ["ivm", "server", "start"]
+    args = parse_args(command[1:])
+    assert (args.foreground, args.host, args.port, args.master) == (True, "0.0.0.0", 15002, "spark://spark-master:7077")
+    assert "15002" in " ".join(connect["healthcheck"]["test"])
+    assert connect["depends_on"]["spark-worker"]["condition"] == "service_healthy"
+    env = services["airflow-scheduler"]["environment"]
+    conn = yaml.safe_load(env["AIRFLOW_CONN_SPARK_CONNECT_DEFAULT"])
+    assert (conn["conn_type"], conn["host"], conn["port"]) == ("spark_connect", "sc://spark-connect", 15002)
+    assert env["IVM_SPARK_CONNECT_CONN_ID"] == "${IVM_SPARK_CONNECT_CONN_ID:-}"  # (spark-submit by default)
+    assert env["IVM_METASTORE"] == "thrift://hive-metastore:9083"
+    metastore = services["hive-metastore"]
+    assert "jdbc:postgresql://postgres:5432/metastore" in metastore["environment"]["SERVICE_OPTS"]
+    assert "9083" in " ".join(metastore["healthcheck"]["test"])
+    assert "CREATE DATABASE metastore" in (REPO / "include" / "docker" / "postgres-init.sql").read_text()
+    demo = str(REPO / "include" / "views" / "demo" / "ivm.yaml")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("IVM_METASTORE", env["IVM_METASTORE"])
+    try:
+        assert load_project(demo).spark.metastore == env["IVM_METASTORE"]
+    finally:
+        mp.undo()
+    for name, port in [("spark-master", "7077"), ("spark-master", "8081"), ("spark-connect", "15002"),
+                       ("postgres", "5432")]:
+        published = [p for p in services[name]["ports"] if p.endswith(f":{port}")]
+        assert published and all(p.startswith("127.0.0.1:") for p in published), (name, published)

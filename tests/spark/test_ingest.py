@@ -316,12 +316,15 @@ res_id,psgr_id,seat,_change_type
     assert not has_update_images(project.warehouse, [tagged])
 
 
+#: "spark: True" when the append reached Spark: a JVM of its own (classic), or a session of the Spark Connect
+#: server the suite runs on (SPARK_REMOTE)
 APPEND = """
 import sys
 from pyspark import SparkContext
+from pyspark.sql import SparkSession
 from ivm.cli import main
 code = main(["--project", sys.argv[1], "log", "append", "res", sys.argv[2]])
-print("jvm:", SparkContext._gateway is not None)
+print("spark:", SparkContext._gateway is not None or SparkSession.getActiveSession() is not None)
 sys.exit(code)
 """
 
@@ -338,11 +341,11 @@ def test_a_small_append_starts_no_jvm(project, tmp_path):
         assert done.returncode == 0, done.stderr
         return done.stdout
     out = append(csv(tmp_path / "a.csv", "res_id,psgr_id,seat,_change_type\n1,7,\"1A, window\",insert\n2,,1B,insert"))
-    assert "appended 2 changes as commit version 1" in out and "jvm: False" in out, out
+    assert "appended 2 changes as commit version 1" in out and "spark: False" in out, out
     pq = tmp_path / "b.parquet"
     pd.DataFrame({"res_id": [3], "psgr_id": [9], "seat": ["3F"], "_change_type": ["insert"]}).to_parquet(pq)
     out = append(str(pq))  # (res_id is BIGINT in the file, INT in the table: Spark casts it)
-    assert "commit version 2" in out and "jvm: True" in out, out
+    assert "commit version 2" in out and "spark: True" in out, out
     assert log_rows(project, "res") == [(1, 7, "1A, window", "insert", 1), (2, None, "1B", "insert", 1),
                                         (3, 9, "3F", "insert", 2)]
 

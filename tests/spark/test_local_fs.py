@@ -1,5 +1,6 @@
 """ivm's local file system (include/ivm/jvm/NioLocalFileSystem.java): configured for local masters,
-and it leaves files and directories with the permissions Hadoop's own would."""
+and it leaves files and directories with the permissions Hadoop's own would. The file system is looked at
+through the session's JVM (classic only)."""
 
 import os
 import stat
@@ -30,6 +31,7 @@ def _fs(spark):
     return jvm, fs, conf
 
 
+@pytest.mark.classic
 @pytest.mark.parametrize("mode", ["640", "755", "700", "000", "1777"])  # 1777: the sticky bit, by chmod
 def test_set_permission(spark, tmp_path, mode):
     jvm, fs, _ = _fs(spark)
@@ -39,6 +41,7 @@ def test_set_permission(spark, tmp_path, mode):
     assert stat.S_IMODE(os.stat(f).st_mode) == int(mode, 8)
 
 
+@pytest.mark.classic
 def test_a_parquet_write_gets_hadoops_default_permissions(spark, tmp_path):
     jvm, _, conf = _fs(spark)
     perm = jvm.org.apache.hadoop.fs.permission.FsPermission

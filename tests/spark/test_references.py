@@ -179,6 +179,7 @@ def test_shortcuts_of_the_q3_shape(make_project, tmp_path):
     assert "-- orders at the keys Δlineitem binds (ok): from Δorders where it holds the key" in text
 
 
+@pytest.mark.classic  # (JobMetrics: the status store of a classic session)
 @pytest.mark.parametrize("partitions", ["one", "distributed"])
 def test_rf_refresh_reads_no_lineitem_while_maintaining(make_project, tmp_path, spark, partitions):
     """An order inserted and one deleted, each with its lineitems: the maintain stage reads the deltas,
@@ -255,6 +256,7 @@ def test_skipping_filter_cuts_the_keys_at_their_widest_gaps(spark, monkeypatch):
     assert days.where(zset.skipping_filter(picked, "d")).count() == 5  # Jan 2..5 and Mar 1
 
 
+@pytest.mark.classic
 def test_job_metrics_count_only_their_own_blocks(spark):
     # the benchmark measures each view with a JobMetrics of its own on one SparkContext: the second one's
     # first block must not count the first one's first block

@@ -69,6 +69,7 @@ def test_all_tables_refresh_at_one_snapshot(project, tmp_path):
     assert [x.kind for x in project.catalog.state("acct").layers] == ["base", "delta"]
 
 
+@pytest.mark.classic  # (Spark's job tracker: a classic session's)
 def test_noop_refresh_launches_no_spark_job(project):
     sc = project.spark.sparkContext
     sc.setJobGroup("noop-refresh", "jobs a no-op refresh launches")

@@ -17,7 +17,7 @@ from ivm.maintain.recompute import Evaluator
 from ivm.refresh import begin, load_plan, maintain_stage, plan, publish_stage, trim_stage, validate_stage
 from ivm.validate import key_columns, key_sample
 from tests.helpers import KV_TABLES as TABLES
-from tests.helpers import corrupt, lines, load_and_change, stage_up_to_validate, views
+from tests.helpers import corrupt, lines, load_and_change, optimized_plan, stage_up_to_validate, views
 
 
 def setup(make_project, tmp_path, policy: str) -> Project:
@@ -104,7 +104,7 @@ def test_the_key_restriction_reaches_below_the_aggregate(make_project, tmp_path)
     full = Evaluator(program, strata, {t: p.read_zset(t) for t in TABLES})
     ks = key_sample(["k"], 1, 100, p.spark.createDataFrame([("a",)], "k string"), 7)
     plan = ks.restrict(full.relation("per_k"))
-    tree = plan._jdf.queryExecution().optimizedPlan().toString().splitlines()
+    tree = optimized_plan(plan)
     aggregates = [i for i, line in enumerate(tree) if "Aggregate" in line]
     hashed = [i for i, line in enumerate(tree) if "xxhash64" in line and "Filter" in line]
     assert aggregates and hashed and min(hashed) > max(aggregates) and "Relation" in tree[min(hashed) + 1], tree

@@ -181,7 +181,7 @@ def write_segment(catalog: Catalog, warehouse: Warehouse, name: str, table: Tabl
     else:
         (changes.select(*[F.col(f"`{c}`") for c in table.columns], F.col(CHANGE_TYPE),
                         F.coalesce(F.col(COMMIT_VERSION), F.lit(lo).cast("long")).alias(COMMIT_VERSION), F.col(SEQ))
-                .coalesce(1).write.mode("errorifexists").parquet(segment_path))
+                .coalesce(1).write.mode("error").parquet(segment_path))
     try:
         return catalog.add_segment(name, segment_path, source, fmt, digest, lo, hi, rows, bounds, restores)
     except BaseException:

@@ -28,6 +28,7 @@ from ivm.changes.delta import named_version, version_noun
 from ivm.changes.reader import SEQ, describe_row
 from ivm.config import CHANGE_TYPE, COMMIT_VERSION, COUNT_COLUMN, TableConfig
 from ivm.errors import BadChange
+from ivm.spark import observed
 from ivm.zset import SKIP_MIN_ROWS, KeyBounds, at_values, consolidate, key_bounds, one_partition, restrict, row_struct
 
 SIGN = "__sign"
@@ -260,8 +261,8 @@ class NetDelta:
 
 def _observed(o: Observation) -> dict | None:
     """An observation's metrics after the action, or None when Spark proved the observed rows empty and
-    dropped the observation with the plan (`Observation.get` fails on that empty row)."""
-    return None if o._jo.getRow().length() == 0 else o.get
+    dropped the observation with the plan (`ivm.spark.observed`)."""
+    return observed(o)
 
 
 def trim(name: str, table: TableConfig, log: DataFrame, snapshot: DataFrame, stored_rows: int = 0,

@@ -26,10 +26,18 @@ k (a small Python task, ``stratum_k.views``, reads them from the run's record), 
 stratum run side by side and an empty stratum is skipped. All tasks of one DAG run share one ivm run
 id, derived from the DAG run; ``publish`` is the only task that changes what readers see.
 
-The project file is found the way the CLI finds it: ``IVM_PROJECT``, else the demo project. The Spark
-connection is ``spark_default`` (``IVM_SPARK_CONN_ID`` to choose another): ``local[*]`` runs the jobs
-on the Airflow worker, ``spark://host:7077`` on a standalone cluster, which receives the ivm package
-from the job (ivm.spark.ship_package).
+The project file is found the way the CLI finds it: ``IVM_PROJECT``, else the demo project. How the Spark
+stages reach Spark is one setting:
+
+* by default they are spark-submits of ``jobs/ivm_stage.py`` on the connection ``spark_default``
+  (``IVM_SPARK_CONN_ID`` to choose another): ``local[*]`` runs the jobs on the Airflow worker,
+  ``spark://host:7077`` on a standalone cluster, which receives the ivm package from the job
+  (ivm.spark.ship_package). The maintain stage is one spark-submit per stratum, its views maintained one
+  after the other in that one driver (a JVM per view would cost a JVM's start per view);
+* with ``IVM_SPARK_CONNECT_CONN_ID`` (or ``spark_connect_conn_id``) naming an Airflow connection of type
+  ``spark_connect``, they are Python tasks on the worker that connect to that Spark Connect server — one
+  warm driver for every task and run, no JVM on the worker — and maintain is mapped per view (a task
+  costs a Python process, not a JVM).
 """
 
 from __future__ import annotations
@@ -122,6 +130,9 @@ class DagOptions:
     #: Spark settings by stage name ("*": every Spark stage), keys of `SPARK_SETTINGS`; a stage's own
     #: settings win over "*", its ``conf`` merged over ivm's and the project's
     spark: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: an Airflow connection of type ``spark_connect``: the Spark stages run as Python tasks on its Spark
+    #: Connect server instead of spark-submits (None: spark-submit)
+    spark_connect_conn_id: str | None = None
 
     def __post_init__(self):
         from ivm.refresh.stages import STAGES
@@ -146,15 +157,21 @@ class DagOptions:
         return {**settings, "conf": merged, **({"pool": self.spark_pool} if self.spark_pool else {})}
 
 
+#: the environment variable naming the `spark_connect` connection the Spark stages run on (unset: spark-submit)
+CONNECT_CONN_ENV = "IVM_SPARK_CONNECT_CONN_ID"
+
+
 def build_dags(jobs_dir: str | Path, path: str | None = None, conn_id: str | None = None, *,
                default_args: dict[str, Any] | None = None, spark_pool: str | None = None,
-               maintain_parallelism: int | None = None, spark: dict[str, dict[str, Any]] | None = None) -> dict:
+               maintain_parallelism: int | None = None, spark: dict[str, dict[str, Any]] | None = None,
+               spark_connect_conn_id: str | None = None) -> dict:
     """Every DAG of the project at ``path`` (default: `project_file()`), by DAG id. The keyword options
-    are `DagOptions`'s (dags/README.md)."""
+    are `DagOptions`'s (dags/README.md); ``spark_connect_conn_id`` defaults to `CONNECT_CONN_ENV`'s value."""
     from ivm.lang import compile_project
     from ivm.stratify import stratify
 
-    options = DagOptions(default_args or {}, spark_pool, maintain_parallelism, spark or {})
+    options = DagOptions(default_args or {}, spark_pool, maintain_parallelism, spark or {},
+                         spark_connect_conn_id or os.environ.get(CONNECT_CONN_ENV) or None)
     path = path or project_file()
     config = load_project(path)
     program = compile_project(config)
@@ -222,7 +239,6 @@ class _Factory:
     def dag(self, dag_id, schedule, views, sources, plan_args, validate_args, doc, params=None):
         from airflow.sdk import DAG, Asset, AssetAny, Param, TriggerRule
 
-        from ivm.orchestration.operators import SPARK_OPERATORS, SparkStageOperator
         from ivm.refresh.stages import STAGES
 
         # the driver runs the interpreter Airflow runs (it has ivm installed); so do local executors
@@ -257,10 +273,9 @@ class _Factory:
                 if stage.catalog_only and self.in_worker:
                     current = _python_stage(stage, argv, rule, lineage)
                 else:
-                    operator = SPARK_OPERATORS.get(stage.name, SparkStageOperator)
-                    current = operator(task_id=stage.name, name=f"ivm-{stage.name}", application_args=argv,
-                                       trigger_rule=rule, **lineage, **common,
-                                       **self.options.spark_kwargs(stage.name, conf))
+                    operator, kwargs = self._spark_task(stage, common, conf)
+                    current = operator(task_id=stage.name, application_args=argv, trigger_rule=rule, **lineage,
+                                       **kwargs)
                 if previous is not None:
                     previous >> current
                 previous = current
@@ -268,15 +283,33 @@ class _Factory:
                     previous = _announce(dag_id, self.path, self.config, previous)
         return dag
 
+    def _spark_task(self, stage, common: dict, conf: dict[str, str]) -> tuple[type, dict[str, Any]]:
+        """The operator of a Spark stage's task and its arguments (but the command line): a Python task on
+        the Spark Connect connection when there is one (`DagOptions.spark_connect_conn_id`), else a
+        spark-submit with the stage's settings."""
+        from ivm.orchestration.operators import (
+            CONNECT_OPERATORS,
+            SPARK_OPERATORS,
+            ConnectStageOperator,
+            SparkStageOperator,
+        )
+
+        pool = {"pool": self.options.spark_pool} if self.options.spark_pool else {}
+        if self.options.spark_connect_conn_id:
+            return (CONNECT_OPERATORS.get(stage.name, ConnectStageOperator),
+                    {"conn_id": self.options.spark_connect_conn_id, **pool})
+        return (SPARK_OPERATORS.get(stage.name, SparkStageOperator),
+                {"name": f"ivm-{stage.name}", **common, **self.options.spark_kwargs(stage.name, conf)})
+
     def _per_view(self, stage, stratum: int, common: dict, conf: dict[str, str], previous):
         """A stage run per view (maintain) for one stratum, in the task group ``stratum_<k>``: a small
-        Python task (``views``) reads the views the run planned there from its record, and the stage's
-        spark-submit is mapped over them (an empty stratum is skipped)."""
+        Python task (``views``) reads the views the run planned there from its record, and the stage's task
+        is mapped over them — one task per view on Spark Connect, one spark-submit for all of them
+        otherwise (an empty stratum is skipped)."""
         from airflow.sdk import TaskGroup, TriggerRule, task
 
-        from ivm.orchestration.operators import SparkStageOperator
-
         path = self.path
+        per_view = bool(self.options.spark_connect_conn_id)
 
         with TaskGroup(f"stratum_{stratum}", tooltip=f"the views of stratum {stratum}, maintained side by side"):
             @task(task_id="views", trigger_rule=TriggerRule.NONE_FAILED)
@@ -287,18 +320,19 @@ class _Factory:
 
                 project = Project.open(path)
                 try:
-                    return [[stage.name, "--run-id", ivm_run, "--project", path, "--views", v]
-                            for v in views_of_stratum(project.ctx, ivm_run, stratum)]
+                    views = views_of_stratum(project.ctx, ivm_run, stratum)
                 finally:
                     project.close()
+                groups = [[v] for v in views] if per_view else [views] if views else []
+                return [[stage.name, "--run-id", ivm_run, "--project", path, "--views", ",".join(g)] for g in groups]
 
             chosen = select(RUN)
             parallel = self.options.maintain_parallelism
-            # each mapped task shows its view in the UI (its arguments end with `--views VIEW`)
-            mapped = SparkStageOperator.partial(
-                task_id=stage.name, name=f"ivm-{stage.name}", trigger_rule=TriggerRule.NONE_FAILED,
-                map_index_template="{{ task.application_args[-1] }}", **common,
-                **self.options.spark_kwargs(stage.name, conf),
+            operator, kwargs = self._spark_task(stage, common, conf)
+            # each mapped task shows its view(s) in the UI (its arguments end with `--views VIEWS`)
+            mapped = operator.partial(
+                task_id=stage.name, trigger_rule=TriggerRule.NONE_FAILED,
+                map_index_template="{{ task.application_args[-1] }}", **kwargs,
                 **({"max_active_tis_per_dagrun": parallel} if parallel else {})).expand(application_args=chosen)
         if previous is not None:
             previous >> chosen

@@ -6,6 +6,9 @@
   stage anything to do and skips the task if not (Stage.idle: a run with nothing to do starts no JVM),
   and runs it on the worker itself when its work this time needs no JVM (Stage.without_jvm: the sink
   of small views, written by delta-rs);
+* or, with an Airflow connection of type ``spark_connect``, as a Python task on the worker whose Spark is
+  a client session of that connection's Spark Connect server (the provider's ``SparkConnectHook``) —
+  `ConnectStageOperator`: no spark-submit, no JVM on the worker, a warm driver shared by every task;
 * a stage that only reads and writes the catalog (plan, publish, report) as a Python task on the
   Airflow worker — `run_catalog_stage`, `run_report`.
 
@@ -22,6 +25,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from ivm.errors import IvmError
@@ -32,16 +36,16 @@ from ivm.refresh import stages
 
 
 @contextmanager
-def opened(path: str | None, stage: str) -> Iterator[Project]:
-    """The project, for what the worker itself does (catalog reads and writes): no Spark. An IvmError
-    no retry heals fails the task at once."""
+def opened(path: str | None, stage: str, start_spark=None) -> Iterator[Project]:
+    """The project, for what the worker itself does (catalog reads and writes): no Spark unless
+    ``start_spark`` gives one (a Spark Connect client). An IvmError no retry heals fails the task at once."""
 
     def no_spark():
         raise RuntimeError(f"ivm {stage}: a stage run on the Airflow worker asked for Spark")
 
     project = None
     try:
-        project = Project.open(path, start_spark=no_spark)
+        project = Project.open(path, start_spark=start_spark or no_spark)
         yield project
     except IvmError as e:
         if e.exit_code in PERMANENT:
@@ -115,7 +119,58 @@ class ValidateOperator(SparkStageOperator):
     operator_extra_links = (DataQualityLink(),)
 
 
+class ConnectStageOperator(BaseOperator):
+    """A Spark stage as a Python task on the Airflow worker, its Spark a client session of the Spark Connect
+    server that Airflow connection ``conn_id`` (type ``spark_connect``: `SparkConnectHook`) names; skipped
+    when the run gives it nothing to do, failed without retries on an error no retry heals (`opened`), its
+    summary returned. The worker needs pyspark's client alone: no spark-submit, no Java.
+
+    :param application_args: the stage's command line (ivm.orchestration.stages.parse_stage_args), as a
+        spark-submit task's application arguments (templated)
+    :param conn_id: the Airflow connection of the Spark Connect server (default ``spark_connect_default``)
+    """
+
+    template_fields = ("application_args",)
+    ui_color = "#f4a460"
+
+    def __init__(self, *, application_args: list[str], conn_id: str = "spark_connect_default", **kwargs):
+        super().__init__(**kwargs)
+        self.application_args = application_args
+        self.conn_id = conn_id
+
+    def execute(self, context) -> dict:
+        from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+
+        from ivm.spark import connect, project_conf
+
+        name, path, args = parse_stage_args(list(self.application_args))
+        started = time.perf_counter()
+        holder: dict[str, Project] = {}
+
+        def start_spark():
+            url = SparkConnectHook(self.conn_id).get_connection_url()
+            self.log.info("ivm %s: Spark Connect server of connection %s", name, self.conn_id)
+            return connect(url, project_conf(holder["project"].config))
+
+        with opened(path, name, start_spark) as project:
+            holder["project"] = project
+            why = stages.stage(name).idle(project.ctx, args.run_id)
+            if why is not None:
+                raise AirflowSkipException(f"ivm {name}: nothing to do in run {args.run_id}: {why}")
+            stages.run_stage(project.ctx, name, args)
+            summary = stage_summary(project.ctx, args.run_id, name, args.views)
+        return {**summary, "seconds": round(time.perf_counter() - started, 2)}
+
+
+class ConnectValidateOperator(ConnectStageOperator):
+    """The validate stage on Spark Connect, with a link to its run's data-quality report."""
+
+    operator_extra_links = (DataQualityLink(),)
+
+
 #: the operator of a Spark stage, by stage (the others: SparkStageOperator)
 SPARK_OPERATORS: dict[str, type[SparkStageOperator]] = {"validate": ValidateOperator}
+#: the same on Spark Connect (the others: ConnectStageOperator)
+CONNECT_OPERATORS: dict[str, type[ConnectStageOperator]] = {"validate": ConnectValidateOperator}
 #: what a catalog-only stage's Python task runs, by stage (the others: run_catalog_stage)
 WORKER_TASKS = {"report": run_report}
