@@ -313,6 +313,24 @@ def spark_errors() -> tuple[type[BaseException], ...]:
     return (PySparkException, Py4JJavaError)
 
 
+@contextmanager
+def tagged(spark, tag: str) -> Iterator[None]:
+    """Run a block with ``tag`` on every Spark operation it starts from this thread (Spark's job tags, both
+    session kinds: what job groups were), so a run's jobs are found by its tag in Spark's UI and status
+    store, and ``spark.interruptTag(tag)`` cancels them. Commas are not allowed in a tag: they become ``_``."""
+    tag = tag.replace(",", "_")
+    spark.addTag(tag)
+    try:
+        yield
+    finally:
+        spark.removeTag(tag)
+
+
+def run_tag(run_id: str) -> str:
+    """The job tag of an ivm run's Spark operations (`tagged`)."""
+    return f"ivm-run-{run_id}"
+
+
 ADAPTIVE = "spark.sql.adaptive.enabled"
 SINGLE_PARTITION_BYTES = "spark.sql.maxSinglePartitionBytes"
 

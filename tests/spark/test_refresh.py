@@ -69,6 +69,28 @@ def test_all_tables_refresh_at_one_snapshot(project, tmp_path):
     assert [x.kind for x in project.catalog.state("acct").layers] == ["base", "delta"]
 
 
+def test_a_runs_spark_operations_carry_its_job_tag(project, tmp_path, monkeypatch):
+    """Every Spark operation of a refresh carries the run's job tag (`ivm.spark.tagged`: Spark's job tags,
+    classic and Connect alike), seen by the session while the stages run, and none is left after."""
+    from ivm.spark import run_tag
+
+    from ivm.storage import Warehouse
+
+    spark = project.spark
+    seen: set[str] = set()
+    real = Warehouse.write_layer
+
+    def write_layer(self, df, *a, **k):  # (each layer a stage writes: the tags of its write's job)
+        seen.update(spark.getTags())
+        return real(self, df, *a, **k)
+
+    monkeypatch.setattr(Warehouse, "write_layer", write_layer)
+    project.append("acct", changes(tmp_path / "c.jsonl", [{"id": 3, "owner": "cy", "balance": 5,
+                                                           "_change_type": "insert"}]))
+    result = project.refresh()
+    assert run_tag(result.run_id) in seen and spark.getTags() == set()
+
+
 @pytest.mark.classic  # (Spark's job tracker: a classic session's)
 def test_noop_refresh_launches_no_spark_job(project):
     sc = project.spark.sparkContext

@@ -27,6 +27,7 @@ from ivm.refresh.plan import begin, load_plan, plan
 from ivm.refresh.record import RefreshResult
 from ivm.refresh.trim import trim_stage
 from ivm.refresh.validation import checked, validate_stage
+from ivm.spark import run_tag, tagged
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +147,8 @@ def run_stage(ctx: RunContext, name: str, args: StageArgs) -> object:
                                                                catch=Exception):
             if s.spark:
                 _ = ctx.spark
-            return s.run(ctx, args, log.info)
+            with tagged(ctx.spark, run_tag(args.run_id)) if ctx.spark_started else nullcontext():
+                return s.run(ctx, args, log.info)
     finally:
         log.info("ivm %s: done in %.2f s", name, time.perf_counter() - started)
 
@@ -174,15 +176,17 @@ def refresh(ctx: RunContext, progress: Progress = lambda _: None, views: list[st
     args = StageArgs(p.run_id, mode=p.mode, kind=kind, from_version=from_version, sample=sample)
     done: dict[str, object] = {}
     committed = False
-    with ctx.catalog.run(p.run_id):  # (a failure before the commit: the run failed, with one line)
+    # (the run's Spark operations carry its job tag: ivm.spark.tagged)
+    with ctx.catalog.run(p.run_id), tagged(ctx.spark, run_tag(p.run_id)):
         begin(ctx, p, kind)  # the plan stage's record, of the plan made above
         for s in STAGES[1:]:
             if s.in_process and not committed:
                 done[s.name] = s.run(ctx, args, progress)
                 committed = s.commit
-    for s in STAGES[1:]:  # after the commit point, outside it: each its own atomic step (compaction)
-        if s.in_process and s.name not in done:
-            done[s.name] = s.run(ctx, args, progress)
+    with tagged(ctx.spark, run_tag(p.run_id)):
+        for s in STAGES[1:]:  # after the commit point, outside it: each its own atomic step (compaction)
+            if s.in_process and s.name not in done:
+                done[s.name] = s.run(ctx, args, progress)
     result = done[next(s.name for s in STAGES if s.commit)]  # (publish's RefreshResult)
     result.compacted = done.get("compact") or []
     result.seconds = time.perf_counter() - started
