@@ -73,7 +73,6 @@ def test_a_runs_spark_operations_carry_its_job_tag(project, tmp_path, monkeypatc
     """Every Spark operation of a refresh carries the run's job tag (`ivm.spark.tagged`: Spark's job tags,
     classic and Connect alike), seen by the session while the stages run, and none is left after."""
     from ivm.spark import run_tag
-
     from ivm.storage import Warehouse
 
     spark = project.spark
