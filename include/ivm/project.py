@@ -382,9 +382,13 @@ class Project:
         return self.ctx.read_zset(name)
 
     def _readable(self, name: str) -> None:
-        """NotFoundError for an unknown name or a view not materialized yet (told before Spark starts)."""
+        """NotFoundError for an unknown name or a view not materialized yet (told before Spark starts: a
+        name is known from the project file, its compiled program and the catalog alone)."""
         if name in self.config.views and self.catalog.state(name).version_id is None:
             raise NotFoundError(f"view {name} has not been materialized yet; run `ivm refresh`")
+        if not (name in self.config.tables or name in self.config.views or name in self.program[0].predicates
+                or self.catalog.state(name).version_id is not None):  # (a stored state: a GROUP BY's, say)
+            raise NotFoundError(f"unknown table or view {name!r}")
         self.schema(name)
 
     def last_delta(self, name: str) -> DataFrame | None:

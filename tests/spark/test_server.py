@@ -110,6 +110,21 @@ def test_a_server_that_does_not_answer_is_one_line_at_once(user_env):
     assert time.monotonic() - started < 30
 
 
+def test_an_unknown_name_is_refused_before_spark_starts(tmp_path, spark):
+    """`ivm show nosuch` (Project.read) answers from the project file, its compiled program and the catalog:
+    no Spark session is started or reached for it (it started a JVM and analysed every view: 12 s)."""
+    from ivm import Project
+    from ivm.errors import NotFoundError
+
+    p = Project.open(str(write_project(tmp_path / "p", TABLES, views=VIEWS)))
+    try:
+        with pytest.raises(NotFoundError, match="unknown table or view 'nosuch'"):
+            p.read("nosuch")
+        assert not p.ctx.spark_started
+    finally:
+        p.close()
+
+
 def test_a_session_of_the_users_own_is_the_projects_spark(tmp_path, spark):
     """`Project.open(path, spark=...)`: the user's session, classic or Connect (whichever the suite runs on),
     is the one every stage uses."""
