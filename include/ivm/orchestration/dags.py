@@ -21,10 +21,11 @@ asset on every success). A Delta source is the asset of its location (``file:///
 read as inlets, and a schedule group whose ``schedule`` is ``@sources`` runs whenever one of them gets
 an asset event (the user's pipeline declaring the source as its outlet) instead of on a cron string.
 
-Each stratum is a task group: ``stratum_k.maintain`` is mapped over the views the run planned in stratum
-k (a small Python task, ``stratum_k.views``, reads them from the run's record), so the views of one
-stratum run side by side and an empty stratum is skipped. All tasks of one DAG run share one ivm run
-id, derived from the DAG run; ``publish`` is the only task that changes what readers see.
+Each stratum is a task group: ``stratum_k.maintain`` is mapped over what a small Python task,
+``stratum_k.views``, reads from the run's record — the views the run planned in stratum k, all in one
+spark-submit, or one task per view on Spark Connect (below) — and an empty stratum is skipped. All tasks of
+one DAG run share one ivm run id, derived from the DAG run; ``publish`` is the only task that changes what
+readers see.
 
 The project file is found the way the CLI finds it: ``IVM_PROJECT``, else the demo project. How the Spark
 stages reach Spark is one setting:
