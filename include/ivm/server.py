@@ -1,5 +1,5 @@
 """The project's Spark Connect server: one warm Spark driver that every `ivm` command, the Python API and
-the DAG's Spark tasks share (DESIGN.md §9), started with the project's Spark settings.
+the DAG's Spark tasks share, started with the project's Spark settings.
 
     ivm server start [--host 127.0.0.1] [--port 15002]   # in the background; prints its sc:// address
     ivm server status                                    # the address, pid and log, or "not running"

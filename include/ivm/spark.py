@@ -1,4 +1,4 @@
-"""The Spark ivm runs on (DESIGN.md §9): a Spark Connect server when one is named, else local Spark started
+"""The Spark ivm runs on: a Spark Connect server when one is named, else local Spark started
 in-process (`ivm` commands, the demo, tests); what its jobs did (`JobMetrics`, classic sessions only); and
 adaptive execution switched off around a small run's work (`adaptive`).
 
