@@ -276,7 +276,35 @@ def connect(remote: str, conf: dict[str, str] | None = None):
     spark = SparkSession.builder.remote(remote).config(map=runtime).getOrCreate()
     log.info("connected to Spark Connect at %s (Spark %s, %.2f s)", remote, spark.version,
              time.perf_counter() - started)
+    return stop_at_exit(spark)
+
+
+#: the Spark Connect sessions this process opened (`stop_at_exit`)
+_OPENED: list = []
+
+
+def stop_at_exit(spark):
+    """Stop a Spark Connect session this process opened when the process exits, before the interpreter
+    tears its modules down. Left to its ``__del__`` at that point, closing its gRPC channel can wait
+    forever on gRPC's threads, already gone: a DAG test's process hung so after printing its result."""
+    import atexit
+    import weakref
+
+    if not _OPENED:
+        atexit.register(_stop_opened)
+    _OPENED.append(weakref.ref(spark))
     return spark
+
+
+def _stop_opened() -> None:
+    for ref in reversed(_OPENED):
+        spark = ref()
+        if spark is not None and not spark.is_stopped:
+            try:
+                spark.stop()  # (releases its session on the server, closes its channel)
+            except Exception:  # noqa: BLE001 - the server may be gone already: nothing to release
+                pass
+    _OPENED.clear()
 
 
 #: SQL settings a session cannot change (Spark's static SQL configuration): a Connect server's own
@@ -289,7 +317,7 @@ def side_session(spark):
     """A session beside ``spark`` on the same Spark (its cluster, its catalog) with temporary views of its
     own, so none of ``spark``'s names is shadowed: a classic session's ``newSession``, a Spark Connect
     session's ``cloneSession`` (a new session on the server; Connect has no ``newSession``)."""
-    return spark.cloneSession() if is_connect(spark) else spark.newSession()
+    return stop_at_exit(spark.cloneSession()) if is_connect(spark) else spark.newSession()
 
 
 def observed(observation) -> dict | None:
