@@ -285,8 +285,9 @@ _OPENED: list = []
 
 def stop_at_exit(spark):
     """Stop a Spark Connect session this process opened when the process exits, before the interpreter
-    tears its modules down. Left to its ``__del__`` at that point, closing its gRPC channel can wait
-    forever on gRPC's threads, already gone: a DAG test's process hung so after printing its result."""
+    tears its modules down, and keep its ``__del__`` from closing its gRPC channel a second time then:
+    that close can wait forever on gRPC's threads, already gone (a DAG test's process hung so after its
+    run had succeeded, both with and without the stop before it)."""
     import atexit
     import weakref
 
@@ -304,6 +305,8 @@ def _stop_opened() -> None:
                 spark.stop()  # (releases its session on the server, closes its channel)
             except Exception:  # noqa: BLE001 - the server may be gone already: nothing to release
                 pass
+        if spark is not None:  # (PySpark's SparkSession.__del__ closes the client again: made a no-op)
+            spark.client.close = lambda: None
     _OPENED.clear()
 
 
