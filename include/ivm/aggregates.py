@@ -92,7 +92,7 @@ def register(spark, aggregates: dict[str, AggregateConfig]) -> None:
     module by name)."""
     from pyspark.sql.functions import udf
 
-    from ivm.spark import runs_elsewhere, ship_package
+    from ivm.spark import runs_elsewhere, ship_package, ship_python
 
     python = {name: agg for name, agg in aggregates.items() if agg.python is not None}
     elsewhere = bool(python) and runs_elsewhere(spark)
@@ -100,29 +100,22 @@ def register(spark, aggregates: dict[str, AggregateConfig]) -> None:
         ship_package(spark)
     for name, agg in python.items():
         fn = load_function(name, agg)
-        if elsewhere:
-            _ship_module(spark, fn.__module__)
+        source = _source(fn.__module__) if elsewhere else None
+        if source is not None:
+            ship_python(spark, source)
         spark.udf.register(f"{name}__py", udf(_over_list(fn), agg.returns))
 
 
-def _ship_module(spark, module: str) -> None:
-    """Add the top-level package or module file of ``module`` as a Python artifact of the session (a
-    package zipped once per session's temporary folder); nothing for a module of the standard library or
-    of an installed distribution, which the workers' interpreter has."""
+def _source(module: str):
+    """The file of ``module``'s top-level module, or its package's folder; None for a module of the
+    standard library or of an installed distribution, which Spark's Python workers have."""
     import sys
     import sysconfig
-    import tempfile
     from pathlib import Path
 
-    top = sys.modules[module.split(".")[0]]
-    where = getattr(top, "__file__", None)
+    where = getattr(sys.modules[module.split(".")[0]], "__file__", None)
     installed = {Path(sysconfig.get_paths()[k]).resolve() for k in ("stdlib", "purelib", "platlib")}
     if where is None or any(p in Path(where).resolve().parents for p in installed):
-        return
+        return None
     path = Path(where)
-    if path.name == "__init__.py":  # (a package: zipped whole)
-        import shutil
-
-        path = Path(shutil.make_archive(str(Path(tempfile.mkdtemp(prefix="ivm-udf-")) / top.__name__), "zip",
-                                        root_dir=path.parent.parent, base_dir=path.parent.name))
-    spark.addArtifacts(str(path), pyfile=True)
+    return path.parent if path.name == "__init__.py" else path

@@ -284,13 +284,15 @@ def cmd_server(args) -> int:
     """`ivm server start|status|stop`: the project's Spark Connect server (ivm.server)."""
     from ivm import server
     from ivm.config import load_project
+    from ivm.spark import CONNECT_PORT
 
     config = load_project(args.project)
+    port = getattr(args, "port", None) or CONNECT_PORT  # (start's --port)
     if args.server_command == "start" and args.foreground:
-        _err(f"Spark Connect server for {config.project_name} at sc://{args.host}:{args.port} (in the foreground)")
-        server.run_in_foreground(config, args.host, args.port, args.master)
+        _err(f"Spark Connect server for {config.project_name} at sc://{args.host}:{port} (in the foreground)")
+        server.run_in_foreground(config, args.host, port, args.master)
     if args.server_command == "start":
-        state = server.start(config, args.host, args.port, progress=_err, master=args.master)
+        state = server.start(config, args.host, port, progress=_err, master=args.master)
         _out(state.address)
         _err(f"ready: {state.describe()}")
         _err(f"ivm commands of this project use it; other programs: export SPARK_REMOTE={state.address}")
@@ -421,7 +423,7 @@ def build_parser() -> argparse.ArgumentParser:
                               help="start it in the background with the project's Spark settings; prints its "
                                    "sc:// address")
     p.add_argument("--host", default="127.0.0.1", help="the address it listens on (default: loopback only)")
-    p.add_argument("--port", type=int, default=15002, help="its port (default: Spark Connect's, 15002)")
+    p.add_argument("--port", type=int, help="its port (default: Spark Connect's, ivm.spark.CONNECT_PORT: 15002)")
     p.add_argument("--master", help="the Spark master it runs on (default: the project's spark.master)")
     p.add_argument("--foreground", action="store_true",
                    help="run it in this process, its log on the output (a container's or a service manager's way)")

@@ -327,7 +327,7 @@ def observed(observation) -> dict | None:
     """An Observation's metrics after its action, or None when Spark proved the observed rows empty and
     dropped the observation with the plan: a Spark Connect client then received no metrics (``{}``), a
     classic session holds an empty row that ``get`` cannot read (looked at through py4j: CLASSIC ONLY)."""
-    if is_connect(observation) or not hasattr(observation, "_jo"):
+    if not hasattr(observation, "_jo"):  # (a Spark Connect client's)
         return observation.get or None
     return None if observation._jo.getRow().length() == 0 else observation.get
 
@@ -410,34 +410,38 @@ def ship_package(spark) -> None:
     """Make the ``ivm`` package importable by the Python workers of a cluster or a Spark Connect server
     (its Python UDFs, registered aggregates, run there): zip it and add it as a Python artifact
     (``addArtifacts``, both session kinds). Local classic masters share the driver's interpreter."""
-    if not runs_elsewhere(spark):
-        return
-    archive = package_archive()
-    spark.addArtifacts(str(archive), pyfile=True)
-    log.info("shipped the ivm package to Spark's Python workers (%s)", archive)
+    if runs_elsewhere(spark):
+        ship_python(spark, Path(__file__).resolve().parent)
 
 
-def package_archive() -> Path:
-    """A zip of the installed ``ivm`` package, made once per content (named by a hash of its files, kept in
-    the temporary folder): a Spark Connect session per command ships the same file."""
+def ship_python(spark, source: Path) -> None:
+    """Add a Python module file, or a package folder zipped (`package_archive`), as a Python artifact of
+    the session: its Python workers import it by name."""
+    artifact = package_archive(source) if source.is_dir() else source
+    spark.addArtifacts(str(artifact), pyfile=True)
+    log.info("shipped %s to Spark's Python workers (%s)", source.name, artifact)
+
+
+def package_archive(package: Path) -> Path:
+    """A zip of the package folder ``package``, made once per content (named by a hash of its files, kept
+    in the temporary folder): a Spark Connect session per command ships the same file."""
     import hashlib
     import tempfile
     import zipfile
 
-    package = Path(__file__).resolve().parent
     files = sorted(p for p in package.rglob("*") if p.is_file() and "__pycache__" not in p.parts
                    and p.suffix in {".py", ".properties", ".mako"})
     digest = hashlib.sha1()
     for p in files:
         digest.update(str(p.relative_to(package)).encode())
         digest.update(p.read_bytes())
-    target = Path(tempfile.gettempdir()) / f"ivm-package-{digest.hexdigest()[:12]}" / "ivm.zip"
+    target = Path(tempfile.gettempdir()) / f"ivm-package-{digest.hexdigest()[:12]}" / f"{package.name}.zip"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_suffix(".part")
         with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as z:
             for p in files:
-                z.write(p, Path("ivm") / p.relative_to(package))
+                z.write(p, Path(package.name) / p.relative_to(package))
         partial.replace(target)
     return target
 

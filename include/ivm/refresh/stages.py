@@ -176,14 +176,13 @@ def refresh(ctx: RunContext, progress: Progress = lambda _: None, views: list[st
     args = StageArgs(p.run_id, mode=p.mode, kind=kind, from_version=from_version, sample=sample)
     done: dict[str, object] = {}
     committed = False
-    # (the run's Spark operations carry its job tag: ivm.spark.tagged)
-    with ctx.catalog.run(p.run_id), tagged(ctx.spark, run_tag(p.run_id)):
-        begin(ctx, p, kind)  # the plan stage's record, of the plan made above
-        for s in STAGES[1:]:
-            if s.in_process and not committed:
-                done[s.name] = s.run(ctx, args, progress)
-                committed = s.commit
-    with tagged(ctx.spark, run_tag(p.run_id)):
+    with tagged(ctx.spark, run_tag(p.run_id)):  # (the run's Spark operations carry its job tag)
+        with ctx.catalog.run(p.run_id):  # (a failure before the commit: the run failed, with one line)
+            begin(ctx, p, kind)  # the plan stage's record, of the plan made above
+            for s in STAGES[1:]:
+                if s.in_process and not committed:
+                    done[s.name] = s.run(ctx, args, progress)
+                    committed = s.commit
         for s in STAGES[1:]:  # after the commit point, outside it: each its own atomic step (compaction)
             if s.in_process and s.name not in done:
                 done[s.name] = s.run(ctx, args, progress)
