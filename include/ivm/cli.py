@@ -33,10 +33,26 @@ def _json(doc) -> None:
     print(json.dumps(doc, indent=2, default=str), flush=True)
 
 
-def _open(args):
+def _open(args, *, views: Sequence[str] = (), table: str | None = None, readable: str | None = None):
+    """The project, once the names the command was given are known: an unknown view or table, or a name
+    ``readable`` that is neither (nor a stored relation), is refused from the project file and the
+    catalog alone, before Spark's modules are imported (they cost a command a second or more: #66)."""
+    from ivm.catalog import Catalog
+    from ivm.config import load_project
+
+    config = load_project(args.project)
+    config.check_views(views)
+    if table is not None:
+        config.check_table(table)
+    catalog = None
+    if readable is not None:
+        from ivm.lang import compile_project
+
+        catalog = Catalog.open(config.catalog_url)
+        catalog.check_readable(readable, config.tables, config.views, lambda: compile_project(config).predicates)
     from ivm.project import Project
 
-    return Project.open(args.project)
+    return Project(config, catalog)
 
 
 def _catalog(args):
@@ -58,33 +74,33 @@ def cmd_apply(args) -> int:
 
 
 def cmd_load(args) -> int:
-    project = _open(args)
+    project = _open(args, table=args.table)
     rows, version = project.load(args.table, args.file)
     _out(f"{args.table}: loaded {rows} rows as version {version}")
     return 0
 
 
 def cmd_log_append(args) -> int:
-    project = _open(args)
+    project = _open(args, table=args.table)
     result = project.append(args.table, args.file, args.format)
     _out(result.describe())
     return 0
 
 
 def cmd_log_quarantine(args) -> int:
-    _out(_open(args).quarantine(args.table, args.version, args.reason))
+    _out(_open(args, table=args.table).quarantine(args.table, args.version, args.reason))
     return 0
 
 
 def cmd_log_restore(args) -> int:
-    _out(_open(args).restore(args.table, args.version))
+    _out(_open(args, table=args.table).restore(args.table, args.version))
     return 0
 
 
 def cmd_log_list(args) -> int:
+    project = _open(args, table=args.table)
     from ivm.changes.delta import named_version
 
-    project = _open(args)
     listing = project.log_listing(args.table)
     table = project.config.tables[args.table]
     if listing.delta_source:
@@ -116,7 +132,7 @@ def _result(args, command: str, result) -> int:
 
 
 def cmd_refresh(args) -> int:
-    project = _open(args)
+    project = _open(args, views=args.views)
     result = project.refresh(args.views or None, mode=args.mode, progress=_err if args.format == "json" else _out)
     return _result(args, "refresh", result)
 
@@ -134,16 +150,16 @@ def cmd_snapshot(args) -> int:
 
 
 def cmd_backfill(args) -> int:
-    project = _open(args)
+    project = _open(args, views=args.views)
     result = project.backfill(args.views, full=args.full, from_version=args.from_version, sample=args.sample,
                               progress=_err if args.format == "json" else _out)
     return _result(args, "backfill", result)
 
 
 def cmd_show(args) -> int:
+    project = _open(args, readable=args.name)
     from ivm import sinks
 
-    project = _open(args)
     limit = args.limit if args.limit is not None else (20 if args.format == "table" else None)
     # a view published as a small Delta table is read by delta-rs, else a small table's or view's layers
     # by pyarrow: no JVM to start (ivm.sinks)
@@ -180,7 +196,7 @@ def cmd_show(args) -> int:
 
 
 def cmd_explain(args) -> int:
-    project = _open(args)
+    project = _open(args, views=[args.view])
     explanation = project.explain(args.view)
     _out(explanation.to_json() if args.format == "json" else explanation.to_text())
     return 0
@@ -189,7 +205,7 @@ def cmd_explain(args) -> int:
 def cmd_validate(args) -> int:
     from ivm.errors import ValidationError
 
-    project = _open(args)
+    project = _open(args, views=args.views)
     checks = project.validate(args.views or None, sample=args.sample, progress=_out)
     if checks:
         _out(tabulate([[c.view, c.status, len(c.comparison.rows) if c.comparison else 0,

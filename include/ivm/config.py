@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -21,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from sqlglot import exp
 from sqlglot.errors import ParseError
 
-from ivm.errors import ConfigError
+from ivm.errors import ConfigError, NotFoundError
 from ivm.modes import Mode
 
 PROJECT_ENV = "IVM_PROJECT"
@@ -181,6 +182,15 @@ class TableConfig(_Model):
     #: refuses the refresh, naming it; ``quarantine`` sets its commit aside (listed by `ivm log list`,
     #: put back by `ivm log restore`) and the refresh goes on without it
     on_bad_change: Literal["fail", "quarantine"] = "fail"
+    #: a Delta source's change data feed is Delta's own record of what changed (it cannot delete a row the
+    #: table did not hold): it is trimmed into net deltas as it is; ``true`` checks each change against
+    #: the stored rows as for a hand-appended log (`ivm log append`, which is always checked)
+    verify_changes: bool | None = None
+
+    @property
+    def verified(self) -> bool:
+        """Whether the trim checks each change against the stored rows (ivm.changes.trim)."""
+        return self.source is None or bool(self.verify_changes)
 
     @field_validator("columns")
     @classmethod
@@ -194,6 +204,13 @@ class TableConfig(_Model):
                 raise ValueError(f"column name {name!r} is reserved by ivm")
             out[name] = spark_type(str(type_text))
         return out
+
+    @model_validator(mode="after")
+    def _verify_changes_of_a_source(self) -> TableConfig:
+        if self.verify_changes is not None and self.source is None:
+            raise ValueError("verify_changes is a Delta source's (`source:`); a log appended with "
+                             "`ivm log append` is always checked")
+        return self
 
     @model_validator(mode="after")
     def _keys_name_columns(self) -> TableConfig:
@@ -468,6 +485,19 @@ class ProjectConfig(_Model):
 
         doc = {**self.model_dump(mode="json", by_alias=True), "root": str(Path(self.root).resolve())}
         return hashlib.sha256(json.dumps([__version__, doc], default=str).encode()).hexdigest()
+
+    def check_views(self, names: Iterable[str]) -> None:
+        """NotFoundError naming the first of ``names`` that is not a view of the project. Told from the
+        project file alone: the CLI asks before it imports Spark's modules (an unknown name costs Python's
+        start, not PySpark's)."""
+        unknown = [v for v in names if v not in self.views]
+        if unknown:
+            raise NotFoundError(f"unknown view {unknown[0]!r}")
+
+    def check_table(self, name: str) -> None:
+        """NotFoundError when ``name`` is not a table of the project file, naming the tables there are."""
+        if name not in self.tables:
+            raise NotFoundError(f"unknown table {name!r} (tables: {', '.join(self.tables) or 'none'})")
 
     # -- resolved names and locations ---------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from ivm.catalog.store import new_id
 from ivm.changes import delta, ingest, quarantine
 from ivm.config import COUNT_COLUMN, ProjectConfig, TableConfig, ViewConfig, load_project
 from ivm.context import RunContext
-from ivm.errors import ConfigError, NotFoundError
+from ivm.errors import ConfigError
 from ivm.ir import Program
 from ivm.maintain import strategy
 from ivm.modes import Mode
@@ -88,9 +88,7 @@ class Project:
 
     def table(self, name: str) -> TableConfig:
         """A table of the project file that `ivm apply` has recorded unchanged."""
-        if name not in self.config.tables:
-            known = ", ".join(self.config.tables) or "none"
-            raise NotFoundError(f"unknown table {name!r} (tables: {known})")
+        self.config.check_table(name)
         applied = self.catalog.table_defs().get(name)
         if applied is None:
             raise ConfigError(f"table {name} is not in the catalog yet; run `ivm apply`")
@@ -297,9 +295,7 @@ class Project:
         overrides the views' validation sample size. The stages of the ivm_backfill DAG, in this process."""
         if not views:
             raise ConfigError("backfill: name at least one view")
-        for v in views:
-            if v not in self.config.views:
-                raise NotFoundError(f"unknown view {v!r}")
+        self.config.check_views(views)
         self._check_applied()
         return refresh(self.ctx, progress, views, Mode.FULL if full else Mode.AUTO, kind="backfill",
                        from_version=from_version, sample=sample)
@@ -311,9 +307,7 @@ class Project:
         has not caught it up) is not checked: it holds an older snapshot than the tables."""
         self._check_applied()
         names = views or list(self.config.views)
-        unknown = [v for v in names if v not in self.config.views]
-        if unknown:
-            raise NotFoundError(f"unknown view {unknown[0]!r}")
+        self.config.check_views(names)
         watermarks = self.catalog.watermarks()
         states, read = [], set()
         for view in names:
@@ -344,8 +338,7 @@ class Project:
 
     def explain(self, view: str) -> explain.Explanation:
         """`ivm explain`: the view's stratum, dependencies, rules and maintenance plan."""
-        if view not in self.config.views:
-            raise NotFoundError(f"unknown view {view!r}")
+        self.config.check_views([view])
         program, strata = self.program
         state = self.catalog.state(view)
         choice = self.ctx.choose_strategy(view, current=state.form if state.version_id is not None else None)
@@ -382,13 +375,9 @@ class Project:
         return self.ctx.read_zset(name)
 
     def _readable(self, name: str) -> None:
-        """NotFoundError for an unknown name or a view not materialized yet (told before Spark starts: a
-        name is known from the project file, its compiled program and the catalog alone)."""
-        if name in self.config.views and self.catalog.state(name).version_id is None:
-            raise NotFoundError(f"view {name} has not been materialized yet; run `ivm refresh`")
-        if not (name in self.config.tables or name in self.config.views or name in self.program[0].predicates
-                or self.catalog.state(name).version_id is not None):  # (a stored state: a GROUP BY's, say)
-            raise NotFoundError(f"unknown table or view {name!r}")
+        """NotFoundError for an unknown name or a view not materialized yet (told before Spark starts:
+        ivm.catalog.Catalog.check_readable)."""
+        self.catalog.check_readable(name, self.config.tables, self.config.views, lambda: self.program[0].predicates)
         self.schema(name)
 
     def last_delta(self, name: str) -> DataFrame | None:

@@ -97,16 +97,31 @@ def delta_jars() -> list[str]:
             if _VERSIONED.sub("", os.path.basename(p)) not in shipped]
 
 
+def delta_package() -> str:
+    """The Maven coordinate of the Delta build that matches the installed pyspark and delta-spark, by
+    delta-spark's own rule: ``configure_spark_with_delta_pip`` sets it as ``spark.jars.packages`` on a
+    session builder (here a builder of its own, never built, whose option is read back: the function
+    accepts nothing but a classic builder, and a builder has no public getter)."""
+    from delta import configure_spark_with_delta_pip
+    from pyspark.sql import SparkSession
+
+    return configure_spark_with_delta_pip(SparkSession.Builder())._options["spark.jars.packages"]
+
+
 def with_delta(conf: dict[str, str]) -> dict[str, str]:
-    """``conf`` with `DELTA_CONF` and Delta's jars (`delta_jars`, added to any ``spark.jars``), unless it
-    names its own: ``spark.jars.packages`` (Spark fetches Delta from a registry) or the settings."""
+    """``conf`` with `DELTA_CONF` and Delta's jars, unless it names its own ``spark.jars.packages``: the
+    jars `make venv` vendors (`delta_jars`, added to any ``spark.jars``), or where there are none (ivm
+    installed with pip alone) the Delta build of the installed delta-spark as ``spark.jars.packages``
+    (`delta_package`; Spark fetches it and what it needs once, into its Ivy cache), as delta-spark
+    documents it."""
     out = {**DELTA_CONF, **conf}
     if "spark.jars.packages" not in conf:
         jars = delta_jars()
-        if not jars:
-            log.warning("no Delta Lake jars in %s (run `make venv`, or set spark.jars.packages): Delta tables "
-                        "cannot be read or written", JARS_DIR)
-        out["spark.jars"] = ",".join(filter(None, [conf.get("spark.jars"), *jars]))
+        if jars:
+            out["spark.jars"] = ",".join(filter(None, [conf.get("spark.jars"), *jars]))
+        else:
+            out["spark.jars.packages"] = delta_package()
+            log.info("no vendored Delta Lake jars in %s: Spark fetches %s", JARS_DIR, out["spark.jars.packages"])
     return out
 
 

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 
 import httpx
 import pytest
@@ -79,25 +80,22 @@ uvicorn.run(root, host="127.0.0.1", port=int(sys.argv[2]), log_level="warning")
 """
 
 
-@pytest.fixture(scope="module")
-def server(project, tmp_path_factory):
-    """The plugin's app under /ivm, served on loopback by a process with its own Airflow home (the
-    token check reads Airflow's database), and a signed-in user's token from Airflow's configured auth
-    manager (the simple one by default)."""
-    tmp_path = tmp_path_factory.mktemp("server")
+@contextmanager
+def _serve(project_path: str, tmp_path, script: str, settings: dict[str, str]):
+    """``script`` (the app under /ivm, with Airflow's auth manager) served on loopback by a process with
+    its own Airflow home and database (``airflow db migrate``: the token check and FAB's users read it);
+    yields its base URL once it answers."""
     home = tmp_path / "airflow"
     env = {**os.environ, "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__LOAD_EXAMPLES": "false",
-           "AIRFLOW__API_AUTH__JWT_SECRET": "ivm-test-" + "s" * 64,
-           "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
-           "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json")}
+           "AIRFLOW__API_AUTH__JWT_SECRET": "ivm-test-" + "s" * 64, **settings}
     subprocess.run([str(BIN / "airflow"), "db", "migrate"], env=env, check=True, capture_output=True)
     port = free_port()
     log = open(tmp_path / "server.log", "w")
-    proc = subprocess.Popen([sys.executable, "-c", SERVE, project[1], str(port), str(tmp_path / "token")], env=env,
-                            stdout=log, stderr=log)
+    proc = subprocess.Popen([sys.executable, "-c", script, project_path, str(port), str(tmp_path / "token")],
+                            env=env, stdout=log, stderr=log)
     try:
         base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 90
         while True:
             try:
                 httpx.get(base + "/ivm/quality", timeout=2)
@@ -105,10 +103,77 @@ def server(project, tmp_path_factory):
             except httpx.TransportError:
                 assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "server.log").read_text()
                 time.sleep(0.2)
-        yield base, (tmp_path / "token").read_text(), (tmp_path / "token.nobody").read_text()
+        yield base
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def server(project, tmp_path_factory):
+    """The plugin's app under /ivm, and a signed-in user's token from Airflow's simple auth manager (the
+    default)."""
+    tmp_path = tmp_path_factory.mktemp("server")
+    home = tmp_path / "airflow"
+    with _serve(project[1], tmp_path, SERVE, {
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json")}) as base:
+        yield base, (tmp_path / "token").read_text(), (tmp_path / "token.nobody").read_text()
+
+
+#: the compose stack's auth manager (docker-compose.yaml): Flask AppBuilder's, users with roles
+FAB_AUTH_MANAGER = "airflow.providers.fab.auth_manager.fab_auth_manager.FabAuthManager"
+
+SERVE_FAB = """
+import sys
+import uvicorn
+from fastapi import FastAPI
+from airflow.api_fastapi.app import init_auth_manager
+from ivm.orchestration.quality import create_app
+
+auth = init_auth_manager()
+root = FastAPI()
+root.mount("/auth", auth.get_fastapi_app())  # FAB's login, POST /auth/token, as the API server mounts it
+with auth.flask_app.app_context():
+    sm = auth.security_manager
+    # per_k_reader may read the runs of ivm_refresh_hourly (per_k's DAG), not of ivm_refresh (joined's)
+    role = sm.add_role("per_k_reader")
+    for action, resource in [("can_read", "DAG:ivm_refresh_hourly"), ("can_read", "DAG Runs")]:
+        sm.add_permission_to_role(role, sm.create_permission(action, resource))
+    sm.add_user("reader", "Per", "Reader", "reader@ivm.test", role, password="reader-pw")
+    sm.add_user("nobody", "No", "Body", "nobody@ivm.test", sm.find_role("Public"), password="nobody-pw")
+    sm.add_user("admin", "Ad", "Min", "admin@ivm.test", sm.find_role("Admin"), password="admin-pw")
+root.mount("/ivm", create_app(sys.argv[1]))  # as the API server mounts a plugin's app
+uvicorn.run(root, host="127.0.0.1", port=int(sys.argv[2]), log_level="warning")
+"""
+
+
+def test_fab_users_without_the_dag_are_refused(project, tmp_path_factory):
+    """With FAB's auth manager, as the compose stack runs Airflow: users log in with a password (FAB's
+    POST /auth/token); one whose role may read per_k's DAG sees per_k and is refused joined; one whose role
+    reads no DAG (Public) is refused the page; an admin sees both."""
+    tmp_path = tmp_path_factory.mktemp("fab")
+
+    def login(base: str, user: str, password: str) -> dict[str, str]:
+        answer = httpx.post(base + "/auth/token", json={"username": user, "password": password},
+                            timeout=REQUEST_TIMEOUT)
+        assert answer.status_code == 201, answer.text
+        return {"Authorization": f"Bearer {answer.json()['access_token']}"}
+
+    with _serve(project[1], tmp_path, SERVE_FAB, {"AIRFLOW__CORE__AUTH_MANAGER": FAB_AUTH_MANAGER}) as base:
+        wrong = httpx.post(base + "/auth/token", json={"username": "reader", "password": "guess"},
+                           timeout=REQUEST_TIMEOUT)
+        assert wrong.status_code == 401
+        reader, nobody, admin = (login(base, u, f"{u}-pw") for u in ("reader", "nobody", "admin"))
+        assert set(get(base + "/ivm/api/views", headers=reader).json()) == {"per_k"}
+        assert get(base + "/ivm/quality/chart/per_k.svg", headers=reader).status_code == 200
+        assert get(base + "/ivm/quality/chart/joined.svg", headers=reader).status_code == 404
+        assert get(base + "/ivm/quality?view=joined", headers=reader).status_code == 404
+        assert get(base + "/ivm/docs/expectations/ivm/joined.html", headers=reader).status_code == 403
+        for path in ["/ivm/quality", "/ivm/api/views", "/ivm/quality/chart/per_k.svg"]:
+            refused = get(base + path, headers=nobody)
+            assert refused.status_code in (403, 404) and "you may not" in refused.text + "no view", path
+        assert set(get(base + "/ivm/api/views", headers=admin).json()) == {"per_k", "joined"}
 
 
 def test_anonymous_requests_and_users_without_dag_access_are_refused(server):

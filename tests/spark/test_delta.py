@@ -7,6 +7,9 @@ with delta-rs — equals DuckDB's result of the same SQL over the sources' state
 from __future__ import annotations
 
 import datetime as dt
+import os
+import subprocess
+import sys
 from collections import Counter
 from decimal import Decimal
 from pathlib import Path
@@ -18,9 +21,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ivm import Project, sinks
+from ivm.config import COUNT_COLUMN
 from ivm.errors import ChangeDataError, ConfigError
+from ivm.spark import delta_package
 from tests.conftest import drawn_stream, write_project
-from tests.helpers import STREAMS, norm
+from tests.helpers import KV_TABLES, STREAMS, lines, norm
 
 DAYS = [dt.date(2026, 11, d) for d in (1, 2, 3)]
 ORDERS = {"columns": {"id": "int", "cust": "string", "amount": "decimal(10,2)", "day": "date"}, "key": ["id"]}
@@ -45,13 +50,15 @@ def create(spark, path: Path, table: str, rows: list[tuple], cdf: bool = True) -
 
 
 def project_with_sources(make_project, spark, root: Path, orders: list[tuple], events: list[tuple],
-                         spark_sink: bool = False):
+                         spark_sink: bool = False, verify: bool | None = None):
     """``spark_sink``: every view's Delta table written by Spark (a MERGE where it has a key), not by
-    delta-rs as small views are (`storage.sink_without_jvm_mb`)."""
+    delta-rs as small views are (`storage.sink_without_jvm_mb`). ``verify``: both tables' `verify_changes`
+    (by default their feeds are trusted)."""
     sources = {"orders": create(spark, root / "lake" / "orders", "orders", orders),
                "events": create(spark, root / "lake" / "events", "events", events)}
-    tables = {"orders": {**ORDERS, "source": {"delta": sources["orders"]}},
-              "events": {**EVENTS, "source": {"delta": sources["events"]}}}
+    check = {} if verify is None else {"verify_changes": verify}
+    tables = {"orders": {**ORDERS, "source": {"delta": sources["orders"]}, **check},
+              "events": {**EVENTS, "source": {"delta": sources["events"]}, **check}}
     p = make_project(tables, root=root / "project", views=VIEWS,
                      storage={"delta_views": True, **({"sink_without_jvm_mb": 0} if spark_sink else {})})
     return p, sources
@@ -131,7 +138,9 @@ def test_delta_sources_and_views_match_duckdb(make_project, spark, tmp_path_fact
     root = tmp_path_factory.mktemp("delta")
     orders = list({r[0]: r for r in data.draw(st.lists(order, max_size=6), "orders")}.values())
     events = data.draw(st.lists(event, max_size=6), "events")
-    p, sources = project_with_sources(make_project, spark, root, orders, events, spark_sink=True)
+    # the feeds trusted as Delta wrote them (the default), or each change checked against the stored rows
+    verify = data.draw(st.booleans(), "verify_changes")
+    p, sources = project_with_sources(make_project, spark, root, orders, events, spark_sink=True, verify=verify)
     first = p.refresh()
     assert {v.mode for v in first.views} == {"full"}
     assert_views(spark, p, sources)
@@ -276,10 +285,11 @@ def test_a_source_named_in_the_spark_catalog(make_project, spark, tmp_path):
 
 def test_a_bad_commit_of_a_delta_source_is_named_by_its_delta_version_and_set_aside(make_project, spark, tmp_path):
     """Delta enforces no primary key: an append of an existing id is an insert of a key that exists for
-    ivm. The refusal names the Delta version; quarantined by that version, the refreshes go on; it
-    cannot be restored once absorbed (the source's versions are its table's)."""
+    ivm, found where `verify_changes: true` looks each change up in the stored rows. The refusal names the
+    Delta version; quarantined by that version, the refreshes go on; it cannot be restored once absorbed
+    (the source's versions are its table's)."""
     p, sources = project_with_sources(make_project, spark, tmp_path, [(1, "ann", Decimal("60.00"), DAYS[0])],
-                                      [(DAYS[0], "click", 1.0)])
+                                      [(DAYS[0], "click", 1.0)], verify=True)
     p.refresh()
     rows = lambda r: spark.createDataFrame(r, DDL["orders"]).write.format("delta").mode("append")  # noqa: E731
     rows([(1, "dup", Decimal("99.00"), DAYS[1])]).save(sources["orders"])  # Delta version 1
@@ -293,6 +303,33 @@ def test_a_bad_commit_of_a_delta_source_is_named_by_its_delta_version_and_set_as
                                                                  (2, "bob", Decimal("80.00"))]
     with pytest.raises(ChangeDataError, match="a Delta source's versions are its table's: correct the Delta table"):
         p.restore("orders", 1)
+
+
+def test_a_trusted_feed_is_trimmed_without_the_stored_rows_and_still_refuses_what_contradicts_itself(
+        make_project, spark, tmp_path):
+    """By default a Delta source's feed is trimmed as Delta wrote it, with no stored row of the table (an
+    update's net delta from its two images alone). A key appended twice within the refreshed versions
+    (Delta declares no key) contradicts itself and is refused by its Delta version all the same."""
+    from ivm.changes import delta
+    from ivm.changes.trim import trim
+
+    p, sources = project_with_sources(make_project, spark, tmp_path, [(1, "ann", Decimal("60.00"), DAYS[0])],
+                                      [(DAYS[0], "click", 1.0)])
+    p.refresh()
+    table = p.config.tables["orders"]
+    assert not table.verified and table.model_copy(update={"verify_changes": True}).verified
+    spark.sql(f"UPDATE delta.`{sources['orders']}` SET amount = 70 WHERE id = 1")  # Delta version 1
+    feed = delta.changes(spark, "orders", table, sources["orders"], 0, 1)
+    net = trim("orders", table, feed, None)
+    net_rows = sorted((r.id, float(r.amount), r[COUNT_COLUMN]) for r in net.delta.collect())
+    assert net_rows == [(1, 60.0, -1), (1, 70.0, 1)]
+    net.check()
+    rows = lambda r: spark.createDataFrame(r, DDL["orders"]).write.format("delta").mode("append")  # noqa: E731
+    rows([(3, "cy", Decimal("5.00"), DAYS[1])]).save(sources["orders"])  # Delta version 2
+    rows([(3, "cy2", Decimal("6.00"), DAYS[1])]).save(sources["orders"])  # Delta version 3
+    with pytest.raises(ChangeDataError, match=r"^table orders: Delta version 3, row \(id=3, cust='cy2', .*insert "
+                                              r"of a key that exists"):
+        p.refresh()
 
 
 def test_a_crash_between_the_catalog_commit_and_a_views_delta_commit(make_project, spark, tmp_path, monkeypatch):
@@ -381,3 +418,40 @@ def test_small_views_are_written_by_delta_rs_without_a_jvm(make_project, spark, 
     for view in views:
         assert bag(spark.read.format("delta").load(sinks.location(again.ctx, view)).collect()) == bag(
             again.read(view).collect()), view
+
+
+PIP_ONLY = """
+import sys
+from pathlib import Path
+
+import ivm.spark
+ivm.spark.JARS_DIR = Path(sys.argv[2])  # as `pip install` leaves ivm: no jars vendored by `make venv`
+from ivm import Project
+
+p = Project.open(sys.argv[1])
+p.apply()
+p.load("t", sys.argv[3])
+print(p.refresh().status, p.spark.conf.get("spark.jars.packages"))
+p.close()
+"""
+
+
+@pytest.mark.e2e
+def test_an_ivm_installed_by_pip_alone_fetches_delta_as_delta_spark_documents(tmp_path):
+    """Without vendored jars, Spark starts with `spark.jars.packages` naming the Delta build of the
+    installed delta-spark (ivm.spark.delta_package) and the views are written as Delta tables by Spark."""
+    path = write_project(tmp_path / "p", {"t": KV_TABLES["t"]}, storage={"delta_views": True, "sink_without_jvm_mb": 0},
+                         views={"per_k": {"sql": "SELECT k, sum(v) AS s FROM t GROUP BY k", "key": ["k"]}})
+    (tmp_path / "no-jars").mkdir()
+    data = lines(tmp_path / "t.jsonl", [("a", 1), ("a", 2), ("b", 5)], cols=("k", "v"))
+    # local Spark in that process, its Ivy resolving in a home of its own as on a machine that only ran pip
+    # (this one's ~/.m2, which `make venv`'s Maven filled, holds poms whose jars it never fetched, and Ivy's
+    # local-m2 resolver then fails on them)
+    env = {**{k: v for k, v in os.environ.items() if k != "SPARK_REMOTE"},
+           "SPARK_SUBMIT_OPTS": f"-Duser.home={tmp_path / 'home'}"}
+    done = subprocess.run([sys.executable, "-c", PIP_ONLY, str(path), str(tmp_path / "no-jars"), data], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-2:] == ["succeeded", delta_package()]
+    table = DeltaTable(str(tmp_path / "p" / "warehouse" / "delta" / "per_k"))
+    assert sorted(tuple(r.values()) for r in table.to_pyarrow_table().to_pylist()) == [("a", 3), ("b", 5)]

@@ -1,6 +1,7 @@
 """Packaging (#47, item 9): pyproject.toml declares every third-party package ivm imports — in its
 dependencies or, for the Airflow side and the PostgreSQL driver, in an extra — and the pins the Airflow
-image installs (requirements.txt) hold no test tool."""
+image installs (requirements.txt) hold no test tool; pyspark, delta-spark, the Delta jars of pom.xml, the
+pins and pyproject's ranges name one Spark/Delta pair (#67 item 5)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,12 @@ import ast
 import re
 import sys
 import tomllib
-from importlib.metadata import packages_distributions
+from importlib.metadata import packages_distributions, version
 from pathlib import Path
+from xml.etree import ElementTree
+
+from packaging.requirements import Requirement
+from packaging.version import Version
 
 REPO = Path(__file__).resolve().parents[2]
 TEST_TOOLS = {"pytest", "pytest-xdist", "hypothesis", "duckdb", "ruff", "selenium"}
@@ -57,3 +62,33 @@ def test_the_image_installs_no_test_tool():
     dev = (REPO / "requirements-dev.txt").read_text()
     assert "-r requirements.txt" in dev and all(f"{tool}==" in dev for tool in TEST_TOOLS)
     assert "requirements-dev" not in (REPO / "Dockerfile").read_text()
+
+
+def test_one_spark_and_delta_pair_everywhere():
+    """The pins (requirements.txt, which the Dockerfile installs), the installed packages, the Delta jars
+    `make venv` and the image resolve (pom.xml), the build `spark.jars.packages` fetches without them
+    (ivm.spark.delta_package) and pyproject's ranges (what `pip install` may pick) agree on one release of
+    Spark and one of Delta: a bump of one of them alone fails here."""
+    from ivm.spark import delta_package
+
+    pins = {_name(line): line.split("==", 1)[1].strip() for line in (REPO / "requirements.txt").read_text().splitlines()
+            if "==" in line and not line.startswith("#")}
+    spark, delta = Version(pins["pyspark"]), Version(pins["delta-spark"])
+    assert pins["pyspark-client"] == pins["pyspark"]
+    assert (version("pyspark"), version("delta-spark")) == (pins["pyspark"], pins["delta-spark"])
+    build = f"delta-spark_{spark.major}.{spark.minor}_2.13"
+    ns = {"m": "http://maven.apache.org/POM/4.0.0"}
+    (dep,) = ElementTree.parse(REPO / "include" / "ivm" / "jvm" / "pom.xml").getroot().findall(
+        "m:dependencies/m:dependency", ns)
+    assert (dep.findtext("m:artifactId", namespaces=ns), dep.findtext("m:version", namespaces=ns)) == (build, str(delta))
+    assert delta_package() == f"io.delta:{build}:{delta}"
+    ranges = {r.name: r.specifier for r in map(Requirement, tomllib.loads(
+        (REPO / "pyproject.toml").read_text())["project"]["dependencies"])}
+    for name, pinned in [("pyspark", spark), ("delta-spark", delta)]:
+        allowed = ranges[name]
+        assert pinned in allowed, name
+        # (another minor release is another Spark, or a Delta built for one)
+        assert Version(f"{pinned.major}.{pinned.minor + 1}.0") not in allowed, name
+        assert Version(f"{pinned.major}.{pinned.minor - 1}.99") not in allowed, name
+    dockerfile = (REPO / "Dockerfile").read_text()
+    assert "-r /opt/ivm/requirements.txt" in dockerfile and "include/ivm/jvm/pom.xml" in dockerfile

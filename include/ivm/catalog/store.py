@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -273,6 +273,19 @@ class Catalog:
             return (row.digest, aware(row.applied_at)) if row is not None else None
 
     # -- relations and versions --------------------------------------------------------------------
+
+    def check_readable(self, name: str, tables: Iterable[str], views: Iterable[str],
+                       predicates: Callable[[], Iterable[str]]) -> None:
+        """NotFoundError for a name that is no table, view or Datalog predicate of the project (the
+        project file's ``tables`` and ``views``, its compiled program's ``predicates``, asked last) and
+        has no stored state (a GROUP BY's, say), or for a view not materialized yet. Nothing of Spark is
+        needed: `ivm show nosuch` is refused before PySpark is imported."""
+        tables, views = set(tables), set(views)
+        materialized = self.state(name).version_id is not None
+        if name in views and not materialized:
+            raise NotFoundError(f"view {name} has not been materialized yet; run `ivm refresh`")
+        if not (name in tables or name in views or materialized or name in set(predicates())):
+            raise NotFoundError(f"unknown table or view {name!r}")
 
     def state(self, name: str, session: Session | None = None) -> RelationState:
         """The current version of a relation (version 0 with no layers if it has none yet)."""

@@ -137,9 +137,12 @@ def _stored_at(snapshot: DataFrame, touched: DataFrame, columns: list[str], stor
     return restrict(rows, touched, columns, small, stored_rows)
 
 
-def _keyed(events: DataFrame, snapshot: DataFrame, table: TableConfig, stored_rows: int, small: bool,
+def _keyed(events: DataFrame, snapshot: DataFrame | None, table: TableConfig, stored_rows: int, small: bool,
            bounds: KeyBounds | None, keys: tuple[list, bool] | None) -> DataFrame:
-    """The events of a table with a primary key, after its stored rows, each with its problem."""
+    """The events of a table with a primary key, after its stored rows, each with its problem (no
+    ``snapshot``: a trusted feed, `_trusted_keyed`)."""
+    if snapshot is None:
+        return _trusted_keyed(events, table, small)
     columns, key = list(table.columns), list(table.key or [])
     by_key = [F.col(f"`{c}`") for c in key]
     touched = events.select(*by_key)  # (a semi-join needs no distinct keys)
@@ -178,6 +181,29 @@ def _keyed(events: DataFrame, snapshot: DataFrame, table: TableConfig, stored_ro
     return timeline.withColumn(PROBLEM, problem)
 
 
+def _trusted_keyed(events: DataFrame, table: TableConfig, small: bool) -> DataFrame:
+    """A keyed table's events from a feed trusted to apply (a Delta source's change data feed: Delta
+    wrote each change from the table it changed), with no stored row looked up: a key's chain starts
+    from the row its first change removes (a delete or an update's preimage), or from none when that
+    change adds one (an insert). `_keyed_delta` takes the chains as it takes checked ones. The problems
+    found without the table are the update images' pairing and a chain that contradicts itself: two
+    additions of the key with no removal between (Delta declares no key: an append of a key the range
+    inserted already), or two removals. (An insert of a key the table held before the range is not seen
+    here: ``verify_changes: true`` looks it up.)"""
+    by_key = [F.col(f"`{c}`") for c in table.key or []]
+    if not small:
+        events = events.repartition(*by_key)
+    w = Window.partitionBy(*by_key).orderBy(*ORDER)
+    since_first = w.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    sign, prev = F.col(SIGN), F.lag(SIGN).over(w)
+    problem = (F.when(F.col("__pairing").isNotNull(), F.col("__pairing"))
+                .when((sign > 0) & (prev > 0), F.concat(F.col(CHANGE_TYPE), F.lit(" of a key that exists")))
+                .when((sign < 0) & (prev < 0), F.concat(F.col(CHANGE_TYPE), F.lit(" of a row that is not there"))))
+    return events.select("*", F.lead(SIGN).over(w).isNull().alias(IS_LAST),
+                         (F.first(SIGN).over(since_first) < 0).alias(FIRST_OLD),
+                         F.first(ROW).over(since_first).alias(FIRST_ROW), problem.alias(PROBLEM))
+
+
 def _keyed_delta(annotated: DataFrame, table: TableConfig, updates: Observation) -> DataFrame:
     """002 §3: the net effect of a key's chain is its first before-image against its last after-image.
     ``updates`` observes how many keys keep a row with a new value (both images: updated)."""
@@ -199,9 +225,13 @@ def _keyed_delta(annotated: DataFrame, table: TableConfig, updates: Observation)
                   .select(*[F.col("i.row").getField(c).alias(c) for c in columns], F.col("i.n").alias(COUNT_COLUMN)))
 
 
-def _unkeyed(events: DataFrame, snapshot: DataFrame, table: TableConfig, stored_rows: int, small: bool,
+def _unkeyed(events: DataFrame, snapshot: DataFrame | None, table: TableConfig, stored_rows: int, small: bool,
              bounds: KeyBounds | None, keys: tuple[list, bool] | None) -> DataFrame:
-    """The events of a bag table, after its stored tuples, each with its problem."""
+    """The events of a bag table, after its stored tuples, each with its problem (no ``snapshot``: a
+    trusted feed, whose problems are the update images' pairing alone: a bag's net delta is the sum of
+    its changes' signs, which needs no stored tuple)."""
+    if snapshot is None:
+        return events.withColumn(PROBLEM, F.col("__pairing"))
     columns = list(table.columns)
     touched = events.select(*[F.col(f"`{c}`") for c in columns])
     skip = None if keys is not None else _skip_bounds(touched, columns[0], stored_rows, bounds)
@@ -265,13 +295,14 @@ def _observed(o: Observation) -> dict | None:
     return observed(o)
 
 
-def trim(name: str, table: TableConfig, log: DataFrame, snapshot: DataFrame, stored_rows: int = 0,
+def trim(name: str, table: TableConfig, log: DataFrame, snapshot: DataFrame | None, stored_rows: int = 0,
          update_images: bool = True, small: bool = False, bounds: KeyBounds | None = None,
          keys: tuple[list, bool] | None = None) -> NetDelta:
     """The net delta of ``log`` (the changes in the refresh's range, in any order) against ``snapshot``
     (the table's current layers, unconsolidated; ``stored_rows`` of them: a large table gets a skipping
-    filter). ``update_images`` False: the log is known to hold inserts and deletes only. ``small``: the
-    log range is a small change, trimmed in one partition with the stored rows at its keys
+    filter; None: ``log`` is a feed trusted to apply, a Delta source's without ``verify_changes``, and no
+    change is looked up in the table). ``update_images`` False: the log is known to hold inserts and
+    deletes only. ``small``: the log range is a small change, trimmed in one partition with the stored rows at its keys
     (`zset.one_partition`: the window and the chains need no shuffle). ``bounds``: where the log's
     keys fall in `skip_column`, as its segments recorded (None: found from the log by a query).
     ``keys``: for a small change, the log's values of `skip_column` and whether one is NULL, as the

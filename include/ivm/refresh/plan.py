@@ -143,9 +143,7 @@ def _newest(ctx: RunContext, table: str) -> int:
 def _closure(ctx: RunContext, wanted: list[str]) -> list[str]:
     """The wanted views and the views they read, in stratum order; NotFoundError for an unknown one."""
     _, strata = ctx.program
-    unknown = [v for v in wanted if v not in ctx.config.views]
-    if unknown:
-        raise NotFoundError(f"unknown view {unknown[0]!r}")
+    ctx.config.check_views(wanted)
     return sorted({u for v in wanted for u in strata.upstream(v) if u in ctx.config.views} | set(wanted),
                   key=lambda v: (strata.stratum_of[v], v))
 

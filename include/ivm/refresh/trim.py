@@ -126,9 +126,10 @@ def trim_table(ctx: RunContext, run_id: str, item: TableDelta) -> Callable[[], T
 
 def trim_source(ctx: RunContext, run_id: str, p: Plan, item: TableDelta) -> Callable[[], TableDelta]:
     """Stage 2 for a Delta source (ivm.changes.delta): the change data feed of the planned versions,
-    checked against the table as of the watermark and trimmed into its net delta (002 §3), as for a log
-    appended to ivm. Not read at all when no view of the run maintains the table incrementally: those
-    views are recomputed from the table as of the planned version."""
+    trimmed into its net delta (002 §3) as it is, Delta's own record of what changed; checked against
+    the table as of the watermark first, as a log appended to ivm is, under ``verify_changes: true``.
+    Not read at all when no view of the run maintains the table incrementally: those views are
+    recomputed from the table as of the planned version."""
     started = time.perf_counter()
     name, table = item.table, ctx.config.tables[item.table]
     where = ctx.source_location(name)
@@ -140,7 +141,9 @@ def trim_source(ctx: RunContext, run_id: str, p: Plan, item: TableDelta) -> Call
 
     def net_delta(skipped: set[int]) -> NetDelta:
         changes = delta.changes(spark, name, table, where, after, upto, skipped)
-        current = ctx.warehouse.read_layers(spark, [x.path for x in before], schema)
+        # Delta's feed is trusted to apply (its changes were made to the table), unless the table says
+        # `verify_changes: true`: then each is checked against the stored rows as a log's is
+        current = ctx.warehouse.read_layers(spark, [x.path for x in before], schema) if table.verified else None
         return trim(name, table, changes, current, sum(x.rows or 0 for x in before),
                     small=small_change(item.log_rows, ctx.config.spark.single_partition_rows))
 
