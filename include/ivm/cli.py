@@ -143,9 +143,11 @@ def cmd_snapshot(args) -> int:
     project = _open(args)
     db = project.config.database if project.config.storage.register_views else None
     rows = [[s.view, f"{db}.{s.view}" if db else "", s.location, "" if s.delta_version is None else s.delta_version,
-             s.sql() if s.delta_version is not None else s.note] for s in sinks.snapshot(project.ctx)]
-    _out(tabulate(rows, headers=["view", "Spark catalog name", "Delta table", "version", "read with"],
-                  tablefmt="simple"))
+             s.sql() if s.delta_version is not None else s.note,
+             s.changes_sql(f"{db}.{s.view}" if db else None) if s.delta_version is not None else ""]
+            for s in sinks.snapshot(project.ctx)]
+    _out(tabulate(rows, headers=["view", "Spark catalog name", "Delta table", "version", "read with",
+                                 "its changes since (change data feed)"], tablefmt="simple"))
     return 0
 
 

@@ -407,6 +407,10 @@ class ViewConfig(_Model):
     def definition(self) -> str:
         return self.sql if self.sql is not None else self.datalog  # type: ignore[return-value]
 
+    def definition_sha256(self) -> str:
+        """SHA-256 of the view's language and definition text, as its Delta table's properties name it."""
+        return hashlib.sha256(f"{self.language}\n{self.definition}".encode()).hexdigest()
+
 
 class ProjectConfig(_Model):
     """The whole project file. ``root`` is the folder relative paths are resolved against."""

@@ -1,16 +1,26 @@
 """Every view published as a Delta Lake table that anyone can query (Spark SQL, delta-rs, a BI tool):
 its ``sink`` (a path or URI, relative to the project file; by default ``<warehouse>/delta/<view>``).
 
-After a run's publish (the catalog's commit, ivm.refresh.publish) the sink stage writes each view the
-run refreshed in **one Delta commit**:
+Every view's table has Delta's change data feed on and says what it holds (`table_properties`: the
+view, its project, its definition's hash), so another pipeline — a second ivm project, a Structured
+Streaming job — reads a view's changes as ivm reads its Delta sources'. After a run's publish (the
+catalog's commit, ivm.refresh.publish) the sink stage writes each view the run refreshed in **one
+Delta commit** that writes only the rows that changed, so the feed between two refreshes is the view's
+delta:
 
 * a view with a ``key`` maintained incrementally: a ``MERGE`` by the key of the keys the run's delta
-  touched, each with its row in the view's new state (updated or inserted) or without one (deleted);
-* a full recompute, a view without a key, a new sink, or a sink that is not at the view's previous
-  version: the view's new state replaces the table (an overwrite: Delta keeps the old versions for
-  time travel). A set (SELECT DISTINCT, a Datalog view) holds each row once, so its columns are its
-  key and it is merged as a keyed view is; a keyless bag has no identity to merge rows by (it may hold
-  a row twice), so the overwrite is the cheapest write that is right for it.
+  touched, each with its row in the view's new state (updated where it differs, or inserted) or without
+  one (deleted);
+* the same view after a full recompute, or a sink that is not at the view's previous version: a
+  ``MERGE`` of its whole new state by the key (rows the table holds and the view no longer does
+  deleted). A set (SELECT DISTINCT, a Datalog view) holds each row once, so its columns are its key and
+  it is merged as a keyed view is;
+* a keyless bag (it may hold a row twice: no identity to merge one copy by) and a view whose columns
+  changed: the new state replaces the table (an overwrite: the feed lists the old rows deleted and
+  the new ones inserted).
+
+A view small enough (`storage.sink_without_jvm_mb`) is written the same way by delta-rs, without a JVM.
+Each commit's ``userMetadata`` names the ivm run and snapshot it holds (`commit_metadata`).
 
 Each commit is idempotent (Delta's ``txnAppId`` ``ivm:<view>`` and ``txnVersion`` the catalog's version
 of the view): a retried stage does not write twice, and the table's transaction version says which
@@ -41,7 +51,7 @@ from ivm.context import RunContext
 from ivm.errors import ConfigError, IvmError, one_line
 from ivm.spark import spark_errors
 from ivm.storage import SPARK_SCHEMA
-from ivm.zset import quote
+from ivm.zset import consolidate, negate, quote
 
 log = logging.getLogger(__name__)
 
@@ -77,49 +87,181 @@ def _columns(dt) -> list:
 
 
 @contextmanager
-def _idempotent(spark, view: str, version: int):
-    """Delta's idempotent writes for the DML run inside (MERGE): the session's txnAppId/txnVersion."""
-    spark.conf.set("spark.databricks.delta.write.txnAppId", app_id(view))
-    spark.conf.set("spark.databricks.delta.write.txnVersion", str(version))
+def _idempotent(spark, view: str, version: int, metadata: str):
+    """Delta's idempotent writes for the DML run inside (MERGE): the session's txnAppId/txnVersion, and
+    the commit's ``userMetadata``."""
+    settings = {"spark.databricks.delta.write.txnAppId": app_id(view),
+                "spark.databricks.delta.write.txnVersion": str(version),
+                "spark.databricks.delta.commitInfo.userMetadata": metadata}
+    for k, v in settings.items():
+        spark.conf.set(k, v)
     try:
         yield
     finally:
-        spark.conf.unset("spark.databricks.delta.write.txnAppId")
-        spark.conf.unset("spark.databricks.delta.write.txnVersion")
+        for k in settings:
+            spark.conf.unset(k)
 
 
-def write_view(ctx: RunContext, view: str, previous: int | None, delta_path: str | None,
-               full: bool) -> SinkWrite:
-    """Bring the sink of ``view`` to the view's published version: a MERGE of the keys in its delta layer
-    ``delta_path`` when the sink holds the ``previous`` version and the view has a key (`merge_key`), else an
-    overwrite with the whole state (so too once its columns changed, ivm.evolution)."""
-    started = time.perf_counter()
+#: a view's Delta table says what it is (#67): its change data feed on, so that other pipelines read the
+#: view's changes as ivm reads its sources'; and the view, the project and the definition it holds
+CHANGE_DATA_FEED = "delta.enableChangeDataFeed"
+
+
+def table_properties(ctx: RunContext, view: str) -> dict[str, str]:
+    return {CHANGE_DATA_FEED: "true", "ivm.project": ctx.config.project_name, "ivm.view": view,
+            "ivm.definition_sha256": ctx.config.views[view].definition_sha256()}
+
+
+def prepare(ctx: RunContext, view: str, where: str, schema: StructType | None = None) -> None:
+    """The view's Delta table made ready to take its changes, by delta-rs (no JVM): created empty with its
+    schema and `table_properties` where there is none yet (`ivm apply`, or the first sink where views are
+    not registered), or given the properties it lacks (a table from before ivm set them, or a view whose
+    definition changed): one metadata commit, before the write, so the feed holds that write too."""
+    from deltalake import DeltaTable
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    wanted = table_properties(ctx, view)
+    sink = _delta_table(where)
+    if sink is None:
+        DeltaTable.create(delta.local_path(where), to_arrow_schema(schema or ctx.schema(view), timezone="UTC"),
+                          configuration=wanted, raise_if_key_not_exists=False)
+        return
+    have = sink.metadata().configuration
+    missing = {k: v for k, v in wanted.items() if have.get(k) != v}
+    if missing:
+        sink.alter.set_table_properties(missing, raise_if_not_exists=False)
+
+
+@dataclass(frozen=True)
+class _Route:
+    """How `write_view` brings a view's table up to date (worked out from the catalog, the table's Delta
+    log and the layers' Parquet footers: no JVM)."""
+
+    how: str  # current | small | overwrite | merge (copies) | merge (whole state) | merge
+    schema: StructType | None  # the view's columns
+    key: list[str] | None
+    #: the view's delta layer, to merge the keys or rows it touched (None: the whole state against the table)
+    delta_path: str | None = None
+    grown: object = None  # a keyless bag's added copies (pyarrow), appended by delta-rs
+
+
+def _route(ctx: RunContext, view: str, previous: int | None, delta_path: str | None, full: bool) -> _Route:
     where = location(ctx, view)
     version = ctx.catalog.state(view).version_id
     sink = _delta_table(where)
     now = None if sink is None else sink.transaction_version(app_id(view))
-    key = merge_key(ctx, view)
-    small = None if now == version else state_without_jvm(ctx, view)
     if now == version:
-        how = "current"
-    elif small is not None:  # (a small view: rewritten whole by delta-rs, cheaper than a MERGE through Spark)
-        from deltalake import CommitProperties, Transaction, write_deltalake
+        return _Route("current", None, None)
+    small = small_layers(ctx, view)
+    schema = StructType([f for f in small[1].fields if f.name != COUNT_COLUMN]) if small else ctx.schema(view)
+    key = merge_key(ctx, view, schema)
+    whole = sink is not None and _columns(sink) != [(f.name, f.dataType) for f in schema.fields]
+    stale = full or delta_path is None or now is None or now != previous
+    # a keyless bag's incremental change that only adds copies: those copies, appended
+    grown = None if key or whole or stale or small is None else _grown_copies(schema, delta_path)
+    changed = None if stale else delta_path
+    if small is not None and (key or whole or grown is not None):
+        return _Route("small", schema, None if whole else key, changed, grown)
+    if whole or (not key and not _comparable(schema)):
+        return _Route("overwrite", schema, key)
+    if not key:
+        return _Route("merge (copies)", schema, None, changed)
+    return _Route("merge" if changed else "merge (whole state)", schema, key, changed)
 
-        write_deltalake(delta.local_path(where), small, mode="overwrite", schema_mode="overwrite",
-                        commit_properties=CommitProperties(app_transactions=[Transaction(app_id(view), version)]))
-        how = "overwrite (delta-rs)"
-    elif (full or not key or delta_path is None or now is None or now != previous
-          or _columns(sink) != [(f.name, f.dataType) for f in ctx.schema(view).fields]):
-        # (a view whose columns changed, ivm.evolution: written whole with its new schema, once)
-        _overwrite(ctx.read_state(view), where, view, version)
-        how = "overwrite"
-    else:
-        _merge(ctx, view, where, key, delta_path, version)
-        how = "merge"
+
+def without_jvm(ctx: RunContext, view: str, previous: int | None, delta_path: str | None, full: bool) -> bool:
+    """Whether `write_view` writes the view by delta-rs alone (or has nothing to write)."""
+    return _route(ctx, view, previous, delta_path, full).how in ("current", "small")
+
+
+def write_view(ctx: RunContext, view: str, previous: int | None, delta_path: str | None, full: bool,
+               metadata: str = "") -> SinkWrite:
+    """Bring the sink of ``view`` to the view's published version in one Delta commit carrying
+    ``metadata`` (its ``userMetadata``), writing only the rows that changed (so the table's change data
+    feed lists the view's delta): for a view with a key (`merge_key`) a MERGE — of the keys in its delta
+    layer ``delta_path`` when the sink holds the ``previous`` version, else of its whole state against the
+    table (after a full recompute, a sink left behind), each row updated only where it differs; for a
+    keyless bag a MERGE by every column of the rows whose multiplicity changed (`_merge_bag`). A view
+    whose columns changed (ivm.evolution), or a bag with a map column (no equality to merge by), is
+    written whole. A small view is written by delta-rs (`_write_small`), else by Spark (`_route`)."""
+    started = time.perf_counter()
+    where = location(ctx, view)
+    version = ctx.catalog.state(view).version_id
+    route = _route(ctx, view, previous, delta_path, full)
+    how = route.how
+    if how != "current":
+        prepare(ctx, view, where, route.schema)
+    if how == "small":
+        how = _write_small(where, view, version, state_without_jvm(ctx, view), route.key, route.grown, metadata)
+    elif how == "overwrite":
+        _overwrite(ctx.read_state(view), where, view, version, metadata)
+    elif how == "merge (copies)":
+        _merge_bag(ctx, view, where, route.delta_path, version, metadata)
+    elif how != "current":
+        _merge(ctx, view, where, route.key, route.delta_path, version, metadata)
     dt = _delta_table(where)
     out = SinkWrite(view, where, how, dt.version() if dt is not None else None, time.perf_counter() - started)
     log.info("sink %s: %s at %s, Delta version %s (%.2f s)", view, how, where, out.delta_version, out.seconds)
     return out
+
+
+def _write_small(where: str, view: str, version: int, rows, key: list[str] | None, grown, metadata: str) -> str:
+    """A small view's new state (a pyarrow Table) into its table by delta-rs, in one commit: with a
+    ``key``, a MERGE of the whole state by it (rows inserted, updated where they differ, deleted where
+    gone); a keyless bag's ``grown`` copies appended; otherwise (new columns) an overwrite."""
+    from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+
+    commit = CommitProperties(custom_metadata={"userMetadata": metadata} if metadata else None,
+                              app_transactions=[Transaction(app_id(view), version)])
+    local = delta.local_path(where)
+    if grown is not None:
+        write_deltalake(local, grown, mode="append", commit_properties=commit)
+        return "append (delta-rs)"
+    if key is None:
+        write_deltalake(local, rows, mode="overwrite", schema_mode="overwrite", commit_properties=commit)
+        return "overwrite (delta-rs)"
+    same = lambda c: f"(t.{quote(c)} IS NOT DISTINCT FROM s.{quote(c)})"  # noqa: E731 - null-safe, DataFusion's
+    (DeltaTable(local)
+     .merge(rows, predicate=" AND ".join(same(k) for k in key), source_alias="s", target_alias="t",
+            commit_properties=commit)
+     .when_matched_update_all(predicate=f"NOT ({' AND '.join(same(c) for c in rows.column_names)})")
+     .when_not_matched_insert_all()
+     .when_not_matched_by_source_delete()
+     .execute())
+    return "merge (delta-rs)"
+
+
+def _grown_copies(schema: StructType, delta_path: str):
+    """A keyless bag's delta layer as the copies it adds (a pyarrow Table, each row its count times), read
+    by pyarrow; None when it removes a copy of some row (or is not a local file)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    if "://" in delta.local_path(delta_path):
+        return None
+    arrow = to_arrow_schema(schema, timezone="UTC")
+    layer = ds.dataset(delta.local_path(delta_path), format="parquet").to_table()
+    counts = layer.column(COUNT_COLUMN)
+    if len(counts) and pc.min(counts).as_py() < 0:
+        return None
+    rows = pa.table([layer.column(f.name).cast(f.type) for f in arrow], schema=arrow)
+    return rows.take(np.repeat(np.arange(len(counts)), counts.to_numpy(zero_copy_only=False)))
+
+
+def _comparable(schema: StructType) -> bool:
+    """Whether rows of ``schema`` compare for equality in Spark (a map column does not)."""
+    def ok(t) -> bool:
+        if isinstance(t, MapType):
+            return False
+        if isinstance(t, ArrayType):
+            return ok(t.elementType)
+        if isinstance(t, StructType):
+            return all(ok(f.dataType) for f in t.fields)
+        return True
+    return ok(schema)
 
 
 def small_layers(ctx: RunContext, view: str, limit_mb: int | None = None) -> tuple[list[str], StructType] | None:
@@ -179,45 +321,99 @@ def state_without_jvm(ctx: RunContext, view: str, limit_mb: int | None = None):
     return summed.select(columns).take(np.repeat(np.arange(len(counts)), np.maximum(counts, 0)))
 
 
-def merge_key(ctx: RunContext, view: str) -> list[str] | None:
+def merge_key(ctx: RunContext, view: str, schema: StructType | None = None) -> list[str] | None:
     """The columns a MERGE identifies the view's rows by: its declared ``key``, or for a set (SELECT
-    DISTINCT, a Datalog view; every row once) all its columns; None for a keyless bag."""
+    DISTINCT, a Datalog view; every row once) all its columns (of ``schema``, else the view's); None for a
+    keyless bag."""
     key = ctx.config.views[view].key
     if key:
         return key
-    return list(ctx.schema(view).names) if ctx.program[0].predicates[view].semantics == "set" else None
+    if ctx.program[0].predicates[view].semantics != "set":
+        return None
+    return list((schema or ctx.schema(view)).names)
 
 
-def _overwrite(rows: DataFrame, where: str, view: str, version: int) -> None:
+def _overwrite(rows: DataFrame, where: str, view: str, version: int, metadata: str) -> None:
     (rows.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
-     .option("txnAppId", app_id(view)).option("txnVersion", version).save(where))
+     .option("txnAppId", app_id(view)).option("txnVersion", version).option("userMetadata", metadata).save(where))
 
 
-def _merge(ctx: RunContext, view: str, where: str, key: list[str], delta_path: str, version: int) -> None:
-    """One MERGE: the keys the view's delta touched, each with its new row or marked gone (Delta's ``MERGE
-    INTO`` in Spark SQL, the source a DataFrame argument of the query: classic and Connect sessions alike)."""
+def _merge(ctx: RunContext, view: str, where: str, key: list[str], delta_path: str | None, version: int,
+           metadata: str) -> None:
+    """One MERGE by ``key`` (Delta's ``MERGE INTO`` in Spark SQL, the source a DataFrame argument of the
+    query: classic and Connect sessions alike). With ``delta_path``, the keys the view's delta touched,
+    each with its new row or marked gone; without, the view's whole new state, and rows of the table it
+    no longer holds deleted. A row is updated only where it differs (null-safe): the change data feed
+    holds the view's delta, nothing unchanged."""
     spark = ctx.spark
     schema = ctx.schema(view)
-    touched = ctx.warehouse.read_layers(spark, [delta_path], schema, reuse=False).select(
-        *[F.col(quote(k)) for k in key]).distinct()
     rows = ctx.read_state(view)
-    cond = None
-    for k in key:
-        c = rows[quote(k)].eqNullSafe(touched[quote(k)])
-        cond = c if cond is None else cond & c
-    present = rows.join(F.broadcast(touched), cond, "left_semi").withColumn("__present", F.lit(True))
-    gone = touched.join(rows, [touched[quote(k)].eqNullSafe(rows[quote(k)]) for k in key], "left_anti")
-    source = present.unionByName(gone.select(
-        *[F.col(quote(f.name)) if f.name in key else F.lit(None).cast(f.dataType).alias(f.name)
-          for f in schema.fields], F.lit(False).alias("__present")))
-    on = " AND ".join(f"t.{quote(k)} <=> s.{quote(k)}" for k in key)
     columns = [quote(f.name) for f in schema.fields]
-    with _idempotent(spark, view, version):
+    if delta_path is None:
+        source, gone = rows.withColumn("__present", F.lit(True)), "WHEN NOT MATCHED BY SOURCE THEN DELETE"
+    else:
+        touched = ctx.warehouse.read_layers(spark, [delta_path], schema, reuse=False).select(
+            *[F.col(quote(k)) for k in key]).distinct()
+        cond = None
+        for k in key:
+            c = rows[quote(k)].eqNullSafe(touched[quote(k)])
+            cond = c if cond is None else cond & c
+        present = rows.join(F.broadcast(touched), cond, "left_semi").withColumn("__present", F.lit(True))
+        missing = touched.join(rows, [touched[quote(k)].eqNullSafe(rows[quote(k)]) for k in key], "left_anti")
+        source = present.unionByName(missing.select(
+            *[F.col(quote(f.name)) if f.name in key else F.lit(None).cast(f.dataType).alias(f.name)
+              for f in schema.fields], F.lit(False).alias("__present")))
+        gone = ""
+    on = " AND ".join(f"t.{quote(k)} <=> s.{quote(k)}" for k in key)
+    differs = " OR ".join(f"NOT (t.{c} <=> s.{c})" for c in columns)
+    with _idempotent(spark, view, version, metadata):
         spark.sql(f"MERGE INTO delta.{quote(where)} t USING {{source}} s ON {on} "
                   "WHEN MATCHED AND NOT s.__present THEN DELETE "
-                  f"WHEN MATCHED AND s.__present THEN UPDATE SET {', '.join(f't.{c} = s.{c}' for c in columns)} "
+                  f"WHEN MATCHED AND s.__present AND ({differs}) THEN UPDATE SET "
+                  f"{', '.join(f't.{c} = s.{c}' for c in columns)} "
                   f"WHEN NOT MATCHED AND s.__present THEN INSERT ({', '.join(columns)}) "
+                  f"VALUES ({', '.join(f's.{c}' for c in columns)}) {gone}", source=source)
+
+
+def _merge_bag(ctx: RunContext, view: str, where: str, delta_path: str | None, version: int, metadata: str) -> None:
+    """A keyless bag's change in one MERGE, by every column (null-safe): a row whose multiplicity grew by
+    k gets k copies inserted (the feed: k inserts); a row that lost copies has all of them deleted and
+    those it keeps inserted again (Delta has no identity for one of several equal rows, so a copy cannot
+    be deleted alone: the feed nets to the loss). Rows that did not change are not touched. The change
+    is the view's delta layer ``delta_path``, or without it its new state against the table's rows."""
+    spark = ctx.spark
+    schema = ctx.schema(view)
+    columns = [quote(f.name) for f in schema.fields]
+    now = ctx.read_zset(view)
+    if delta_path is not None:
+        change = consolidate(ctx.warehouse.read_layers(spark, [delta_path], schema, reuse=False))
+    else:
+        held = (spark.read.format("delta").load(where).groupBy(*columns)
+                .agg(F.count(F.lit(1)).cast("long").alias(COUNT_COLUMN)))
+        change = consolidate(now.select(*columns, COUNT_COLUMN).unionByName(negate(held)))
+    copies = lambda rows: rows.select(  # noqa: E731 - each row its __count times
+        *columns, F.explode(F.sequence(F.lit(1), F.col(COUNT_COLUMN).cast("int"))).alias("__copy"))
+    lost = change.where(F.col(COUNT_COLUMN) < 0).select(*columns)
+    kept = now.join(lost, [now[c].eqNullSafe(lost[c]) for c in columns], "left_semi")
+    source = (lost.withColumn("__reset", F.lit(True))
+              .unionByName(copies(change.where(F.col(COUNT_COLUMN) > 0)).drop("__copy")
+                           .withColumn("__reset", F.lit(False)))
+              .unionByName(copies(kept).drop("__copy").withColumn("__reset", F.lit(False))))
+    on = " AND ".join(f"t.{c} <=> s.{c}" for c in columns)
+    with _idempotent(spark, view, version, metadata):
+        spark.sql(f"MERGE INTO delta.{quote(where)} t USING {{source}} s ON s.__reset AND {on} "
+                  "WHEN MATCHED THEN DELETE "
+                  f"WHEN NOT MATCHED AND NOT s.__reset THEN INSERT ({', '.join(columns)}) "
                   f"VALUES ({', '.join(f's.{c}' for c in columns)})", source=source)
+
+
+def commit_metadata(ctx: RunContext, run_id: str, snapshot: dict[str, int], view: str) -> str:
+    """A view's Delta commit's ``userMetadata``: the ivm run and snapshot it holds, as JSON (the view's
+    catalog version, and the tables' commit versions of the run's snapshot)."""
+    return json.dumps({"ivm": {"project": ctx.config.project_name, "view": view, "run": run_id,
+                               "view_version": ctx.catalog.state(view).version_id,
+                               "snapshot": {t: v for t, v in sorted(snapshot.items()) if t in ctx.config.tables}}},
+                      separators=(",", ":"))
 
 
 def write_views(ctx: RunContext, run_id: str, views: list[tuple[str, int | None, str | None, bool]],
@@ -225,8 +421,10 @@ def write_views(ctx: RunContext, run_id: str, views: list[tuple[str, int | None,
     """`write_view` for each (view, its previous catalog version, its delta layer, recomputed in full),
     each recorded in the run (what `snapshot` reads)."""
     done = []
+    run = ctx.catalog.get_run(run_id)
+    snapshot = (run.snapshot or {}) if run is not None else {}
     for view, previous, delta_path, full in views:
-        w = write_view(ctx, view, previous, delta_path, full)
+        w = write_view(ctx, view, previous, delta_path, full, commit_metadata(ctx, run_id, snapshot, view))
         ctx.catalog.save_stage(run_id, StageRecord("sink", view, seconds=round(w.seconds, 3), detail={
             "location": w.location, "how": w.how, "delta_version": w.delta_version,
             "view_version": ctx.catalog.state(view).version_id}))
@@ -247,6 +445,13 @@ class SinkState:
 
     def sql(self) -> str:
         return f"SELECT * FROM delta.`{self.location}` VERSION AS OF {self.delta_version}"
+
+    def changes_sql(self, name: str | None = None) -> str:
+        """The view's changes from its current Delta version on, by Delta's change data feed (a later
+        version reads what refreshes since changed): by catalog ``name``, else by path."""
+        if name:
+            return f"SELECT * FROM table_changes('{name}', {self.delta_version})"
+        return f"SELECT * FROM table_changes_by_path('{self.location}', {self.delta_version})"
 
 
 def state(ctx: RunContext, view: str) -> SinkState:
@@ -358,8 +563,7 @@ def register(ctx: RunContext, progress: Callable[[str], None] = lambda _: None) 
         done = []
         for view in ctx.config.views:
             where = location(ctx, view)
-            if _delta_table(where) is None:
-                spark.createDataFrame([], ctx.schema(view)).write.format("delta").save(where)
+            prepare(ctx, view, where)
             name = f"{quote(db)}.{quote(view)}"
             if view.lower() in taken:
                 if delta.local_path(taken[view.lower()][1]) == delta.local_path(where):

@@ -7,6 +7,7 @@ with delta-rs — equals DuckDB's result of the same SQL over the sources' state
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 from hypothesis import given
@@ -89,6 +91,43 @@ def assert_views(spark, p, sources: dict[str, str]) -> None:
         assert by_rs == ours, f"{view}: its Delta table (delta-rs) {by_rs} != {ours}"
 
 
+def tables_now(p) -> dict[str, tuple[int, Counter]]:
+    """Each view's Delta version and rows (as ivm holds the view)."""
+    return {v: (DeltaTable(sinks.location(p.ctx, v)).version(),
+                bag(tuple(r) for r in p.read(v).collect()) if p.catalog.state(v).version_id else Counter())
+            for v in VIEWS}
+
+
+def assert_feeds(p, before: dict[str, tuple[int, Counter]]) -> None:
+    """Each view's Delta table moved by at most one commit, whose change data feed is exactly the view's
+    change: its net effect the new rows minus the old, and no row that did not change (a keyed or set
+    view: one feed row per row gained or lost; a keyless bag: the copies a row gained, or, for a row
+    that lost copies, all its old copies deleted and those it keeps inserted); the commit's userMetadata
+    names the view and the run."""
+    runs = [r.id for r in p.runs(1)]
+    for view, (version, old) in tables_now(p).items():
+        then, was = before[view]
+        if version == then:
+            assert old == was, f"{view}: changed with no Delta commit"
+            continue
+        assert version == then + 1, f"{view}: {version - then} Delta commits in one refresh"
+        table = DeltaTable(sinks.location(p.ctx, view))
+        columns = list(p.schema(view).names)
+        feed = pa.table(table.load_cdf(starting_version=version, ending_version=version).read_all()).to_pylist()
+        plus, minus = Counter(), Counter()
+        for r in feed:
+            (plus if r["_change_type"] in ("insert", "update_postimage") else minus)[
+                tuple(norm(r[c]) for c in columns)] += 1
+        gained, lost = old - was, was - old
+        net = (plus - minus, minus - plus)
+        assert net == (gained, lost), f"{view}: its feed nets to {net}, the view changed by {(gained, lost)}"
+        keyed = bool(VIEWS[view].get("key"))
+        rows = sum(gained.values()) + (sum(lost.values()) if keyed else sum(was[r] + old[r] for r in lost))
+        assert len(feed) == rows, f"{view}: {len(feed)} feed rows for a change of {rows}: {feed}"
+        meta = json.loads(table.history(1)[0]["userMetadata"])["ivm"]
+        assert (meta["view"], meta["run"], meta["view_version"]) == (view, runs[0], p.catalog.state(view).version_id)
+
+
 ids = st.integers(1, 8)
 order = st.tuples(ids, st.sampled_from(["ann", "bob", None]),
                   st.decimals(0, 120, places=2, allow_nan=False, allow_infinity=False), st.sampled_from(DAYS))
@@ -140,16 +179,23 @@ def test_delta_sources_and_views_match_duckdb(make_project, spark, tmp_path_fact
     events = data.draw(st.lists(event, max_size=6), "events")
     # the feeds trusted as Delta wrote them (the default), or each change checked against the stored rows
     verify = data.draw(st.booleans(), "verify_changes")
-    p, sources = project_with_sources(make_project, spark, root, orders, events, spark_sink=True, verify=verify)
+    # each view's Delta table written by Spark, or (small as they are) by delta-rs
+    spark_sink = data.draw(st.booleans(), "Spark writes the views' tables")
+    p, sources = project_with_sources(make_project, spark, root, orders, events, spark_sink=spark_sink,
+                                      verify=verify)
+    before = tables_now(p)
     first = p.refresh()
     assert {v.mode for v in first.views} == {"full"}
     assert_views(spark, p, sources)
+    assert_feeds(p, before)
     for n in range(1, 4):
         for c in data.draw(st.lists(commit, min_size=1, max_size=3), f"batch {n}"):
             run_commit(spark, sources, c)
+        before = tables_now(p)
         result = p.refresh()
         assert {v.mode for v in result.views} <= {"incremental", "noop"}
         assert_views(spark, p, sources)
+        assert_feeds(p, before)
 
 
 def test_a_source_without_its_change_data_feed_is_refused_at_apply(make_project, spark, tmp_path):
@@ -364,15 +410,20 @@ def test_a_crash_between_the_catalog_commit_and_a_views_delta_commit(make_projec
         assert bag(spark.sql(s.sql()).collect()) == bag(p.read(s.view).collect()), s.view
 
 
-def test_small_views_are_written_by_delta_rs_without_a_jvm(make_project, spark, tmp_path):
+def test_small_views_are_written_by_delta_rs_without_a_jvm(make_project, spark, tmp_path, monkeypatch):
     """A view whose layers are small (`storage.sink_without_jvm_mb`) is consolidated by pyarrow and written
-    whole by delta-rs — DATE, TIMESTAMP, DECIMAL, DOUBLE, NULLs, a bag's duplicate rows, a set view —
-    so the DAG's sink task needs no spark-submit (`publish.sink_without_jvm`), and Spark reads each table
-    as ivm holds the view; a later Spark MERGE (the threshold at 0) continues the table delta-rs wrote."""
-    import pyarrow as pa
+    by delta-rs — merged by its key, a set by its columns, a bag's new copies appended; DATE, TIMESTAMP,
+    DECIMAL, DOUBLE, NULLs, a bag's duplicate rows — so the DAG's sink task needs no spark-submit
+    (`publish.sink_without_jvm`), and Spark reads each table as ivm holds the view; a bag that loses a copy
+    takes Spark's MERGE; a later Spark MERGE (the threshold at 0) continues the table delta-rs wrote."""
     import pyarrow.parquet as pq
 
     from ivm.refresh import publish
+
+    # what the DAG's sink task asks before it writes: whether it needs Spark
+    asked, sink_stage = [], publish.sink_stage
+    monkeypatch.setattr(publish, "sink_stage", lambda ctx, run_id, say: (
+        asked.append(publish.sink_without_jvm(ctx, run_id)), sink_stage(ctx, run_id, say))[1])
 
     schema = pa.schema([("id", pa.int64()), ("day", pa.date32()), ("ts", pa.timestamp("us")),
                         ("amount", pa.decimal128(10, 2)), ("price", pa.float64())])
@@ -397,24 +448,35 @@ def test_small_views_are_written_by_delta_rs_without_a_jvm(make_project, spark, 
     p = make_project(table, root=tmp_path / "p", views=views, storage={"delta_views": True})
     p.load("m", parquet("m.parquet", rows))
     p.refresh()
-    p.append("m", parquet("c1.parquet", [rows[1], (4, DAYS[2], ts, Decimal("-2.00"), 1e-3)], ["delete", "insert"]))
-    result = p.refresh()
-    assert publish.sink_without_jvm(p.ctx, result.run_id)  # (as the DAG's sink task asks)
+    # inserts only: a bag gains copies, which delta-rs appends
+    p.append("m", parquet("c1.parquet", [(4, DAYS[2], ts, Decimal("-2.00"), 1e-3), (7, DAYS[0], ts, Decimal("1.50"),
+                                                                                   0.25)], ["insert", "insert"]))
+    p.refresh()
+    assert asked.pop() is True
+    assert {v: p.catalog.latest_stage("sink", v).detail["how"] for v in views} == {
+        "per_day": "merge (delta-rs)", "days": "merge (delta-rs)", "copies": "append (delta-rs)"}
     for view in views:
-        assert p.catalog.latest_stage("sink", view).detail["how"] == "overwrite (delta-rs)", view
         assert bag(spark.read.format("delta").load(sinks.location(p.ctx, view)).collect()) == bag(
             p.read(view).collect()), view
     assert spark.read.format("delta").load(sinks.location(p.ctx, "copies")).schema == p.ctx.schema("copies")
+    # a delete: the bag loses a copy of a row it holds three times, which takes Spark's MERGE
+    p.append("m", parquet("c2.parquet", [rows[0]], ["delete"]))
+    p.refresh()
+    assert asked.pop() is False
+    assert p.catalog.latest_stage("sink", "copies").detail["how"] == "merge (copies)"
+    for view in views:
+        assert bag(spark.read.format("delta").load(sinks.location(p.ctx, view)).collect()) == bag(
+            p.read(view).collect()), view
     # over the threshold: Spark's MERGE, into the table delta-rs wrote
     again = make_project(table, root=tmp_path / "p", views=views,
                          storage={"delta_views": True, "sink_without_jvm_mb": 0})
-    again.append("m", parquet("c2.parquet", [(5, DAYS[2], None, Decimal("3.00"), None),
+    again.append("m", parquet("c3.parquet", [(5, DAYS[2], None, Decimal("3.00"), None),
                                              (6, dt.date(2026, 11, 4), ts, None, 0.5)], ["insert", "insert"]))
-    result = again.refresh()
-    assert not publish.sink_without_jvm(again.ctx, result.run_id)
-    # keyed by its key; a set without a key (each row once) by all its columns; a bag rewritten whole
+    again.refresh()
+    assert asked.pop() is False
+    # keyed by its key; a set without a key (each row once) by all its columns; a bag by its rows' copies
     assert {v: again.catalog.latest_stage("sink", v).detail["how"] for v in views} == {
-        "per_day": "merge", "days": "merge", "copies": "overwrite"}
+        "per_day": "merge", "days": "merge", "copies": "merge (copies)"}
     for view in views:
         assert bag(spark.read.format("delta").load(sinks.location(again.ctx, view)).collect()) == bag(
             again.read(view).collect()), view

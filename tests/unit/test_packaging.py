@@ -71,8 +71,8 @@ def test_one_spark_and_delta_pair_everywhere():
     Spark and one of Delta: a bump of one of them alone fails here."""
     from ivm.spark import delta_package
 
-    pins = {_name(line): line.split("==", 1)[1].strip() for line in (REPO / "requirements.txt").read_text().splitlines()
-            if "==" in line and not line.startswith("#")}
+    lines = (REPO / "requirements.txt").read_text().splitlines()
+    pins = {_name(line): line.split("==", 1)[1].strip() for line in lines if "==" in line and not line.startswith("#")}
     spark, delta = Version(pins["pyspark"]), Version(pins["delta-spark"])
     assert pins["pyspark-client"] == pins["pyspark"]
     assert (version("pyspark"), version("delta-spark")) == (pins["pyspark"], pins["delta-spark"])
@@ -80,7 +80,8 @@ def test_one_spark_and_delta_pair_everywhere():
     ns = {"m": "http://maven.apache.org/POM/4.0.0"}
     (dep,) = ElementTree.parse(REPO / "include" / "ivm" / "jvm" / "pom.xml").getroot().findall(
         "m:dependencies/m:dependency", ns)
-    assert (dep.findtext("m:artifactId", namespaces=ns), dep.findtext("m:version", namespaces=ns)) == (build, str(delta))
+    jars = (dep.findtext("m:artifactId", namespaces=ns), dep.findtext("m:version", namespaces=ns))
+    assert jars == (build, str(delta))
     assert delta_package() == f"io.delta:{build}:{delta}"
     ranges = {r.name: r.specifier for r in map(Requirement, tomllib.loads(
         (REPO / "pyproject.toml").read_text())["project"]["dependencies"])}

@@ -97,10 +97,9 @@ def sink_stage(ctx: RunContext, run_id: str, progress: Progress = lambda _: None
 
 
 def sink_without_jvm(ctx: RunContext, run_id: str) -> bool:
-    """Whether every view the sink stage of run ``run_id`` writes is small enough for delta-rs
-    (`sinks.small_layers`): then the stage needs no JVM."""
-    return ctx.config.storage.delta_views and all(sinks.small_layers(ctx, v) is not None
-                                                  for v, *_ in _sink_writes(ctx, run_id))
+    """Whether delta-rs writes every view the sink stage of run ``run_id`` writes (`sinks.without_jvm`: a
+    small view, but a keyless bag's lost copies): then the stage needs no JVM."""
+    return ctx.config.storage.delta_views and all(sinks.without_jvm(ctx, *w) for w in _sink_writes(ctx, run_id))
 
 
 def catch_up_sinks(ctx: RunContext, snapshot: dict[str, int], progress: Progress = lambda _: None) -> None:
