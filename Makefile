@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 LOCAL_FS_JAR := include/ivm/jvm/ivm-hadoop.jar
 JARS := include/ivm/jvm/jars/.resolved
 
-.PHONY: venv demo test test-connect lint bench clean
+.PHONY: venv demo test test-in-process test-connect lint bench clean
 
 venv: $(VENV)/.installed $(LOCAL_FS_JAR) $(JARS)
 
@@ -42,27 +42,32 @@ $(LOCAL_FS_JAR): include/ivm/jvm/NioLocalFileSystem.java $(VENV)/.installed
 demo: venv
 	$(BIN)/python include/views/demo/demo.py
 
-# two pytest workers (pytest-xdist), each with its own SparkSession; a file's tests stay on one worker
-# (module fixtures such as the standalone cluster start once). Much of a test's time is the driver's
-# planning and py4j round trips, so two processes share two cores better than one. TEST_WORKERS=0 runs
-# the suite in this process. Files go out in collection order (--no-loadscope-reorder; xdist's default
-# sends the files with the most tests first), so the longest, the DAG end-to-end test (one test), starts
-# first instead of last, where it ran alone at the end (suite on this 2-core machine: 29:22 -> 28:02).
+# The README's test command runs the suite in two passes (tests/conftest.py's `--spark-pass` says which
+# test runs where), each with two pytest workers (pytest-xdist; a file's tests stay on one worker, so
+# module fixtures start once; TEST_WORKERS=0 runs a pass in this process). Files go out in collection
+# order (--no-loadscope-reorder; xdist's default sends the files with the most tests first), so the long
+# ones (the DAG end-to-end test, the counting stream) start first instead of last.
+#  1. test-in-process, each worker with a local Spark of its own: what needs a JVM of its own (the tests
+#     outside tests/spark — the DAG tests' spark-submits among them —, tests/spark's `classic` ones and
+#     those that start servers of their own) and the differential change-stream tests (counting, TPC-H);
+#  2. test-connect, on one warm Spark Connect server (`ivm server start` with tests/connect/ivm.yaml's
+#     settings, the suite's own), each worker a client session of it: every test of tests/spark, the
+#     differential ones again, so a call only a classic session offers cannot come back unseen. The warm
+#     server also runs them faster than two cold local Sparks do.
 TEST_WORKERS ?= 2
-test: venv
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
-
-# The differential change-stream tests again, on a Spark Connect server (`ivm server start` with
-# tests/connect/ivm.yaml's settings, the suite's own), each pytest worker a client session of it: a call
-# only a classic session offers cannot come back unseen. CI runs it after `make test`.
-CONNECT_TESTS ?= tests/spark/test_counting.py tests/spark/test_tpch.py
+PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 CONNECT_PORT ?= 15002
 CONNECT_PROJECT := tests/connect/ivm.yaml
+test: test-in-process test-connect
+
+test-in-process: venv
+	$(PYTEST) --spark-pass in-process
+
 test-connect: venv
 	rm -rf tests/connect/warehouse
 	$(BIN)/ivm --project $(CONNECT_PROJECT) server start --port $(CONNECT_PORT)
-	SPARK_REMOTE=sc://127.0.0.1:$(CONNECT_PORT) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile \
-	  $(CONNECT_TESTS); status=$$?; $(BIN)/ivm --project $(CONNECT_PROJECT) server stop; exit $$status
+	SPARK_REMOTE=sc://127.0.0.1:$(CONNECT_PORT) $(PYTEST) --spark-pass connect; \
+	  status=$$?; $(BIN)/ivm --project $(CONNECT_PROJECT) server stop; exit $$status
 
 # benchmarks (tests/bench/run.py --help): TPC-H from tpchgen-cli at SF $(SF), a generated closure
 SF ?= 0.1

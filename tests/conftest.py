@@ -27,7 +27,7 @@ if os.environ.get("CI"):
 
 #: Spark's own variable naming a Spark Connect server: set, the suite runs on that server (each pytest
 #: worker a client session of it) instead of a local Spark of its own, and so do the `ivm` commands the
-#: tests run (`make test-connect` starts one with tests/connect/ivm.yaml's settings)
+#: tests run (`make test`'s second pass starts one with tests/connect/ivm.yaml's settings)
 SPARK_REMOTE = "SPARK_REMOTE"
 
 
@@ -71,9 +71,40 @@ def _release_jvm_caches():
         s.catalog.clearCache()
 
 
+#: the differential change-stream tests, which `make test` runs in both passes (`--spark-pass`)
+DIFFERENTIAL = ("tests/spark/test_counting.py", "tests/spark/test_tpch.py")
+#: tests that start Spark Connect servers of their own (`ivm server`): in-process only
+OWN_SERVERS = ("tests/spark/test_server.py",)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--spark-pass", choices=["all", "in-process", "connect"], default="all",
+                     help="which tests this pass runs (`make test` runs two): all of them (the default); "
+                          "in-process: those that need a JVM of their own (tests outside tests/spark, the DAG "
+                          "tests' spark-submits among them; tests/spark's `classic` ones and its own servers') and "
+                          "the differential change-stream tests; connect: every test of tests/spark (but "
+                          "its own servers'), on the Spark Connect server SPARK_REMOTE names")
+
+
+def _in_pass(item, chosen: str) -> bool:
+    """Whether ``item`` runs in pass ``chosen`` (in-process or connect) of `--spark-pass`."""
+    path = item.nodeid.split("::")[0]
+    if path in DIFFERENTIAL:
+        return True
+    in_process = not path.startswith("tests/spark/") or path in OWN_SERVERS or "classic" in item.keywords
+    return in_process == (chosen == "in-process")
+
+
 def pytest_collection_modifyitems(config, items):
-    """On a Spark Connect server (`SPARK_REMOTE`), the tests marked ``classic`` look into a JVM the client
-    does not have: they run in the in-process pass (`make test`), not here."""
+    """`--spark-pass` keeps its pass's tests. On a Spark Connect server (`SPARK_REMOTE`), the tests marked
+    ``classic`` look into a JVM the client does not have: they run in the in-process pass, not here."""
+    chosen = config.getoption("--spark-pass")
+    if chosen == "connect" and not os.environ.get(SPARK_REMOTE):
+        raise pytest.UsageError("--spark-pass connect runs on the Spark Connect server SPARK_REMOTE names; it is unset")
+    if chosen != "all":
+        kept = [i for i in items if _in_pass(i, chosen)]
+        config.hook.pytest_deselected(items=[i for i in items if not _in_pass(i, chosen)])
+        items[:] = kept
     if not os.environ.get(SPARK_REMOTE):
         return
     skip = pytest.mark.skip(reason="looks into a classic session's JVM; runs in `make test`'s in-process pass")

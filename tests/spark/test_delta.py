@@ -146,6 +146,11 @@ commit = st.one_of(
 )
 
 
+def append_orders(spark, sources: dict[str, str], rows: list[tuple]) -> None:
+    """A Delta commit appending ``rows`` to orders (Delta checks no key)."""
+    spark.createDataFrame(rows, DDL["orders"]).write.format("delta").mode("append").save(sources["orders"])
+
+
 def run_commit(spark, sources: dict[str, str], c: tuple) -> None:
     orders, events = f"delta.`{sources['orders']}`", f"delta.`{sources['events']}`"
     kind = c[0]
@@ -337,9 +342,8 @@ def test_a_bad_commit_of_a_delta_source_is_named_by_its_delta_version_and_set_as
     p, sources = project_with_sources(make_project, spark, tmp_path, [(1, "ann", Decimal("60.00"), DAYS[0])],
                                       [(DAYS[0], "click", 1.0)], verify=True)
     p.refresh()
-    rows = lambda r: spark.createDataFrame(r, DDL["orders"]).write.format("delta").mode("append")  # noqa: E731
-    rows([(1, "dup", Decimal("99.00"), DAYS[1])]).save(sources["orders"])  # Delta version 1
-    rows([(2, "bob", Decimal("80.00"), DAYS[1])]).save(sources["orders"])  # Delta version 2
+    append_orders(spark, sources, [(1, "dup", Decimal("99.00"), DAYS[1])])  # Delta version 1
+    append_orders(spark, sources, [(2, "bob", Decimal("80.00"), DAYS[1])])  # Delta version 2
     with pytest.raises(ChangeDataError, match=r"^table orders: Delta version 1, row \(id=1, cust='dup', .*insert "
                                               r"of a key that exists .*`ivm log quarantine orders --version 1`\)$"):
         p.refresh()
@@ -370,9 +374,8 @@ def test_a_trusted_feed_is_trimmed_without_the_stored_rows_and_still_refuses_wha
     net_rows = sorted((r.id, float(r.amount), r[COUNT_COLUMN]) for r in net.delta.collect())
     assert net_rows == [(1, 60.0, -1), (1, 70.0, 1)]
     net.check()
-    rows = lambda r: spark.createDataFrame(r, DDL["orders"]).write.format("delta").mode("append")  # noqa: E731
-    rows([(3, "cy", Decimal("5.00"), DAYS[1])]).save(sources["orders"])  # Delta version 2
-    rows([(3, "cy2", Decimal("6.00"), DAYS[1])]).save(sources["orders"])  # Delta version 3
+    append_orders(spark, sources, [(3, "cy", Decimal("5.00"), DAYS[1])])  # Delta version 2
+    append_orders(spark, sources, [(3, "cy2", Decimal("6.00"), DAYS[1])])  # Delta version 3
     with pytest.raises(ChangeDataError, match=r"^table orders: Delta version 3, row \(id=3, cust='cy2', .*insert "
                                               r"of a key that exists"):
         p.refresh()
