@@ -115,17 +115,22 @@ def table_properties(ctx: RunContext, view: str) -> dict[str, str]:
 def prepare(ctx: RunContext, view: str, where: str, schema: StructType | None = None) -> None:
     """The view's Delta table made ready to take its changes, by delta-rs (no JVM): created empty with its
     schema and `table_properties` where there is none yet (`ivm apply`, or the first sink where views are
-    not registered), or given the properties it lacks (a table from before ivm set them, or a view whose
-    definition changed): one metadata commit, before the write, so the feed holds that write too."""
+    not registered; by Spark where a column is nested), or given the properties it lacks (a table from
+    before ivm set them, or a view whose definition changed): one metadata commit, before the write, so
+    the feed holds that write too."""
     from deltalake import DeltaTable
     from pyspark.sql.pandas.types import to_arrow_schema
 
     wanted = table_properties(ctx, view)
     sink = _delta_table(where)
-    if sink is None:
-        DeltaTable.create(delta.local_path(where), to_arrow_schema(schema or ctx.schema(view), timezone="UTC"),
-                          configuration=wanted, raise_if_key_not_exists=False)
+    schema = schema or ctx.schema(view)
+    if sink is None and not any(isinstance(f.dataType, ArrayType | MapType | StructType) for f in schema.fields):
+        DeltaTable.create(delta.local_path(where), to_arrow_schema(schema, timezone="UTC"), configuration=wanted,
+                          raise_if_key_not_exists=False)
         return
+    if sink is None:  # (nested types: Spark's, whose nullability inside them Arrow's would not keep)
+        ctx.spark.createDataFrame([], schema).write.format("delta").save(where)
+        sink = _delta_table(where)
     have = sink.metadata().configuration
     missing = {k: v for k, v in wanted.items() if have.get(k) != v}
     if missing:
