@@ -147,7 +147,8 @@ class _Route:
     key: list[str] | None
     #: the view's delta layer, to merge the keys or rows it touched (None: the whole state against the table)
     delta_path: str | None = None
-    grown: object = None  # a keyless bag's added copies (pyarrow), appended by delta-rs
+    #: a small keyless bag's change for delta-rs: (copies it gains, rows that lose copies), pyarrow Tables
+    bag: tuple | None = None
 
 
 def _route(ctx: RunContext, view: str, previous: int | None, delta_path: str | None, full: bool) -> _Route:
@@ -162,11 +163,14 @@ def _route(ctx: RunContext, view: str, previous: int | None, delta_path: str | N
     key = merge_key(ctx, view, schema)
     whole = sink is not None and _columns(sink) != [(f.name, f.dataType) for f in schema.fields]
     stale = full or delta_path is None or now is None or now != previous
-    # a keyless bag's incremental change that only adds copies: those copies, appended
-    grown = None if key or whole or stale or small is None else _grown_copies(schema, delta_path)
+    # a small keyless bag's change, read from its delta layer (or its whole state into an empty table)
+    bag = None
+    if small is not None and not key and not whole:
+        bag = (_bag_change(schema, delta_path) if not stale else
+               ("all", None) if sink is None or not sink.get_add_actions(flatten=True).num_rows else None)
     changed = None if stale else delta_path
-    if small is not None and (key or whole or grown is not None):
-        return _Route("small", schema, None if whole else key, changed, grown)
+    if small is not None and (key or whole or bag is not None):
+        return _Route("small", schema, None if whole else key, changed, bag)
     if whole or (not key and not _comparable(schema)):
         return _Route("overwrite", schema, key)
     if not key:
@@ -197,7 +201,7 @@ def write_view(ctx: RunContext, view: str, previous: int | None, delta_path: str
     if how != "current":
         prepare(ctx, view, where, route.schema)
     if how == "small":
-        how = _write_small(where, view, version, state_without_jvm(ctx, view), route.key, route.grown, metadata)
+        how = _write_small(where, view, version, state_without_jvm(ctx, view), route.key, route.bag, metadata)
     elif how == "overwrite":
         _overwrite(ctx.read_state(view), where, view, version, metadata)
     elif how == "merge (copies)":
@@ -210,22 +214,39 @@ def write_view(ctx: RunContext, view: str, previous: int | None, delta_path: str
     return out
 
 
-def _write_small(where: str, view: str, version: int, rows, key: list[str] | None, grown, metadata: str) -> str:
-    """A small view's new state (a pyarrow Table) into its table by delta-rs, in one commit: with a
+def _write_small(where: str, view: str, version: int, rows, key: list[str] | None, bag: tuple | None,
+                 metadata: str) -> str:
+    """A small view's new state ``rows`` (a pyarrow Table) into its table by delta-rs, in one commit: with a
     ``key``, a MERGE of the whole state by it (rows inserted, updated where they differ, deleted where
-    gone); a keyless bag's ``grown`` copies appended; otherwise (new columns) an overwrite."""
+    gone); a keyless bag's change (`_bag_change`) appended where it only gains copies (all of ``rows`` into
+    an empty table), else merged by every column as Spark's `_merge_bag` does; otherwise (new columns) an
+    overwrite."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
     from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
     commit = CommitProperties(custom_metadata={"userMetadata": metadata} if metadata else None,
                               app_transactions=[Transaction(app_id(view), version)])
     local = delta.local_path(where)
-    if grown is not None:
-        write_deltalake(local, grown, mode="append", commit_properties=commit)
-        return "append (delta-rs)"
+    same = lambda c: f"(t.{quote(c)} IS NOT DISTINCT FROM s.{quote(c)})"  # noqa: E731 - null-safe, DataFusion's
+    if bag is not None:
+        gained, lost = (rows, None) if bag[0] == "all" else bag
+        if lost is None or not lost.num_rows:
+            write_deltalake(local, gained, mode="append", commit_properties=commit)
+            return "append (delta-rs)"
+        kept = rows.filter(pc.is_in(_row_keys(rows), value_set=_row_keys(lost)))
+        source = pa.concat_tables([t.append_column("__reset", pa.array([r] * t.num_rows, pa.bool_()))
+                                   for t, r in [(lost, True), (gained, False), (kept, False)]])
+        (DeltaTable(local)
+         .merge(source, predicate=" AND ".join(["s.__reset", *(same(c) for c in rows.column_names)]),
+                source_alias="s", target_alias="t", commit_properties=commit)
+         .when_matched_delete()
+         .when_not_matched_insert({c: f"s.{quote(c)}" for c in rows.column_names}, predicate="NOT s.__reset")
+         .execute())
+        return "merge (copies, delta-rs)"
     if key is None:
         write_deltalake(local, rows, mode="overwrite", schema_mode="overwrite", commit_properties=commit)
         return "overwrite (delta-rs)"
-    same = lambda c: f"(t.{quote(c)} IS NOT DISTINCT FROM s.{quote(c)})"  # noqa: E731 - null-safe, DataFusion's
     (DeltaTable(local)
      .merge(rows, predicate=" AND ".join(same(k) for k in key), source_alias="s", target_alias="t",
             commit_properties=commit)
@@ -236,9 +257,20 @@ def _write_small(where: str, view: str, version: int, rows, key: list[str] | Non
     return "merge (delta-rs)"
 
 
-def _grown_copies(schema: StructType, delta_path: str):
-    """A keyless bag's delta layer as the copies it adds (a pyarrow Table, each row its count times), read
-    by pyarrow; None when it removes a copy of some row (or is not a local file)."""
+def _row_keys(rows):
+    """Each row of a pyarrow Table as one string, equal for equal rows, NULLs included (pyarrow's joins and
+    set lookups never match a NULL): each column's text, or a mark for NULL."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    parts = [pc.fill_null(pc.binary_join_element_wise("v", pc.cast(rows.column(c), pa.string()), ""), "n")
+             for c in rows.column_names]
+    return pc.binary_join_element_wise(*parts, "\x1f")
+
+
+def _bag_change(schema: StructType, delta_path: str) -> tuple | None:
+    """A small keyless bag's delta layer read by pyarrow: (the copies it gains, each row its count times;
+    the rows that lose copies), in the view's Arrow types; None where the layer is not a local file."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -249,11 +281,10 @@ def _grown_copies(schema: StructType, delta_path: str):
         return None
     arrow = to_arrow_schema(schema, timezone="UTC")
     layer = ds.dataset(delta.local_path(delta_path), format="parquet").to_table()
-    counts = layer.column(COUNT_COLUMN)
-    if len(counts) and pc.min(counts).as_py() < 0:
-        return None
     rows = pa.table([layer.column(f.name).cast(f.type) for f in arrow], schema=arrow)
-    return rows.take(np.repeat(np.arange(len(counts)), counts.to_numpy(zero_copy_only=False)))
+    counts = layer.column(COUNT_COLUMN).to_numpy(zero_copy_only=False)
+    return (rows.take(np.repeat(np.arange(len(counts)), np.maximum(counts, 0))),
+            rows.filter(pc.less(layer.column(COUNT_COLUMN), 0)))
 
 
 def _comparable(schema: StructType) -> bool:

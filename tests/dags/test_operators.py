@@ -162,6 +162,6 @@ def test_the_sink_of_small_views_runs_on_the_worker(make_project, monkeypatch, t
     assert p.catalog.get_run("small").status == "succeeded"
     summary = op.execute({})
     assert summary["relations"] == ["rich"]
-    assert p.catalog.latest_stage("sink", "rich").detail["how"] == "overwrite (delta-rs)"
+    assert p.catalog.latest_stage("sink", "rich").detail["how"] == "merge (copies, delta-rs)"
     assert sinks.read_without_jvm(p.ctx, "rich").to_pylist() == [{"owner": "ann", "total": 11},
                                                                   {"owner": "bob", "total": 5}]

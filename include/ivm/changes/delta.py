@@ -193,13 +193,19 @@ def read_version(spark: SparkSession, path: str, schema: StructType) -> DataFram
                        for f in schema.fields], F.lit(1).cast("long").alias(COUNT_COLUMN))
 
 
+def earliest_version(name: str, where: str) -> int:
+    """The oldest Delta version of the table's history (its log's retention and VACUUM drop older ones,
+    and their change data feed with them), read by delta-rs."""
+    return min((int(c["version"]) for c in _table(where, name).history()), default=0)
+
+
 def changes(spark: SparkSession, name: str, table: TableConfig, where: str, after: int, upto: int,
             skip: Collection[int] = ()) -> DataFrame:
     """The change data feed of Delta versions ``after`` + 1 .. ``upto`` as ivm's change log (the declared
     columns, ``_change_type``, ``_commit_version`` as ivm counts it, ``_seq`` ordering each commit's
     removals before its additions), but the commits of ``skip`` (quarantined: ivm's numbers). Raises
     ChangeDataError when those versions' feed is gone."""
-    earliest = min((int(c["version"]) for c in _table(where, name).history()), default=0)
+    earliest = earliest_version(name, where)
     if after + 1 < earliest:
         raise ChangeDataError(
             f"table {name}: Delta versions {after + 1}..{upto} of {where} are needed but the table's history "

@@ -13,6 +13,7 @@ from pyspark.sql import DataFrame
 
 from ivm.catalog.store import LayerRef, WrittenLayer
 from ivm.changes import delta
+from ivm.changes.trim import NetDelta, trim
 from ivm.context import RunContext
 from ivm.errors import NotFoundError, RunError
 from ivm.maintain.count_free import CountFree
@@ -147,11 +148,18 @@ class Maintenance:
             at, paths = {x["id"] for x in refs}, [x["path"] for x in refs]
             published = self.old.get(r, [])
             since = [x.path for x in published if x.id not in at]
-            if r in main.replaced or not at <= {x.id for x in published}:
+            source = delta.parse_layer_path(paths[0]) if len(paths) == 1 else None
+            net = None
+            if source is not None:  # a Delta source: its feed since the view's pointer, 002 §3's trim of a log
+                net = self._feed_since(r, source, main)
+                change = net.delta
+            elif r in main.replaced or not at <= {x.id for x in published}:
                 change = difference(main.new(r), main.read(r, paths))
             else:
                 change = consolidate(main.read(r, since + ([main.delta_paths[r]] if r in main.delta_paths else [])))
             path, rows, size = main.scratch.put(f"{r}__since_{view}", change)
+            if net is not None:
+                net.check()  # (a bad change refuses the run: nothing is published)
             states.old_paths[r] = paths
             states.old_rows[r] = None if any(x.get("rows") is None for x in refs) else sum(x["rows"] for x in refs)
             states.replaced.pop(r, None)
@@ -164,6 +172,18 @@ class Maintenance:
         for name in sorted(set(states.delta_paths) & strata.upstream(view)):
             counting.note_delta(name, states.delta(name))
         return states, counting, CountFree(program, strata, counting)
+
+    def _feed_since(self, name: str, pointer: tuple[str, int], states: RunStates) -> NetDelta:
+        """A Delta source's net change from the version a view that fell behind holds (``pointer``: the
+        table and that Delta version) to the run's: its change data feed over those versions trimmed as
+        the trim stage trims one (002 §3; checked against the table as of the pointer under
+        ``verify_changes``), but the commits set aside (`ivm log quarantine`)."""
+        ctx = self.ctx
+        table, (where, after) = ctx.config.tables[name], pointer
+        _, upto = delta.parse_layer_path(states.replaced.get(name) or states.old_paths[name][0])
+        skip = {q.commit_version for q in ctx.catalog.quarantined(name)}
+        feed = delta.changes(ctx.spark, name, table, where, after, upto, skip)
+        return trim(name, table, feed, states.read(name, [delta.layer_path(where, after)]) if table.verified else None)
 
     def maintain(self, work: ViewWork, progress: Progress) -> None:
         """One view: the counting algorithm (DRed inside it for recursive components) or a full recompute."""

@@ -254,19 +254,17 @@ def catch_up(ctx: RunContext, view: str, points: Callable[[], list] | None = Non
     the published run that left the view in its current state — its snapshot is the view's pointer into
     every log it reads — with the layers, in that run's state, of each relation the view reads that moved
     since. The refresh then maintains the view from those states by each relation's changes since (its
-    layers published after them, and this run's delta), as a view that never fell behind is maintained
-    from its last state. Or, in words, why it cannot: that state is no longer kept (``ivm gc``'s
-    retention), or it reads a Delta source (whose versions are its table's). ``points``: the catalog's
-    restore points, read once per plan however many views fell behind (default: read here)."""
+    layers published after them, and this run's delta; a Delta source's, its change data feed since the
+    Delta version the view holds), as a view that never fell behind is maintained from its last state.
+    Or, in words, why it cannot: that state is no longer kept (``ivm gc``'s retention), or a Delta
+    source's feed since then is (its log's retention, VACUUM). ``points``: the catalog's restore points,
+    read once per plan however many views fell behind (default: read here)."""
     points = points or ctx.catalog.restore_points
     catalog = ctx.catalog
     program, strata = ctx.program
     stored = ctx.stored_relations(view)
     own = set(stored) | {p for p in program.predicates if program.owner(p) == view}
     reads = sorted(u for u in strata.upstream(view) - own if program.predicates[u].kind in ("base", "view"))
-    sources = [t for t in reads if t in ctx.config.tables and ctx.source_location(t) is not None]
-    if sources:
-        return f"it reads the Delta source {sources[0]}, whose earlier states ivm does not keep"
     current = {r: catalog.state(r).version_id for r in [*reads, *stored]}
     found = next(((run, versions) for run, versions in points()
                   if all(versions.get(r) == current[r] for r in stored) and all(r in versions for r in reads)), None)
@@ -280,6 +278,10 @@ def catch_up(ctx: RunContext, view: str, points: Callable[[], list] | None = Non
         state = catalog.version_state(r, versions[r])
         if state is None:
             return f"the state of {r} at its pointer (run {run.id}) was garbage-collected (storage.retention_hours)"
+        at = [delta.parse_layer_path(x.path) for x in state.layers]
+        if at and at[0] is not None and delta.earliest_version(r, at[0][0]) > at[0][1] + 1:
+            return (f"the change data feed of the Delta source {r} after Delta version {at[0][1]}, its pointer, "
+                    f"is gone (log retention or VACUUM of {at[0][0]})")
         layers[r] = [layer_json(x, r) for x in state.layers]
     return CatchUp(run.id, layers)
 

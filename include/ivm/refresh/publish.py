@@ -98,7 +98,7 @@ def sink_stage(ctx: RunContext, run_id: str, progress: Progress = lambda _: None
 
 def sink_without_jvm(ctx: RunContext, run_id: str) -> bool:
     """Whether delta-rs writes every view the sink stage of run ``run_id`` writes (`sinks.without_jvm`: a
-    small view, but a keyless bag's lost copies): then the stage needs no JVM."""
+    small view, but a keyless bag recomputed into a table that holds rows): then the stage needs no JVM."""
     return ctx.config.storage.delta_views and all(sinks.without_jvm(ctx, *w) for w in _sink_writes(ctx, run_id))
 
 
