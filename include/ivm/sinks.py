@@ -42,7 +42,7 @@ from urllib.parse import unquote
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import ArrayType, MapType, StructField, StructType
+from pyspark.sql.types import ArrayType, DataType, MapType, StructField, StructType
 
 from ivm.catalog.store import StageRecord
 from ivm.changes import delta
@@ -128,8 +128,8 @@ def prepare(ctx: RunContext, view: str, where: str, schema: StructType | None = 
         DeltaTable.create(delta.local_path(where), to_arrow_schema(schema, timezone="UTC"), configuration=wanted,
                           raise_if_key_not_exists=False)
         return
-    if sink is None:  # (nested types: Spark's, whose nullability inside them Arrow's would not keep)
-        ctx.spark.createDataFrame([], schema).write.format("delta").save(where)
+    if sink is None:  # (nested types: by Spark, each element and field nullable as read back from layers)
+        ctx.spark.createDataFrame([], _nullable(schema)).write.format("delta").save(where)
         sink = _delta_table(where)
     have = sink.metadata().configuration
     missing = {k: v for k, v in wanted.items() if have.get(k) != v}
@@ -161,7 +161,9 @@ def _route(ctx: RunContext, view: str, previous: int | None, delta_path: str | N
     small = small_layers(ctx, view)
     schema = StructType([f for f in small[1].fields if f.name != COUNT_COLUMN]) if small else ctx.schema(view)
     key = merge_key(ctx, view, schema)
-    whole = sink is not None and _columns(sink) != [(f.name, f.dataType) for f in schema.fields]
+    # (a view whose columns changed, ivm.evolution; or a table from an older ivm whose nested types were
+    # not all nullable: written whole, once)
+    whole = sink is not None and _columns(sink) != [(f.name, _nullable(f.dataType)) for f in schema.fields]
     stale = full or delta_path is None or now is None or now != previous
     # a small keyless bag's change, read from its delta layer (or its whole state into an empty table)
     bag = None
@@ -203,7 +205,7 @@ def write_view(ctx: RunContext, view: str, previous: int | None, delta_path: str
     if how == "small":
         how = _write_small(where, view, version, state_without_jvm(ctx, view), route.key, route.bag, metadata)
     elif how == "overwrite":
-        _overwrite(ctx.read_state(view), where, view, version, metadata)
+        _overwrite(_as_written(ctx.read_state(view), route.schema), where, view, version, metadata)
     elif how == "merge (copies)":
         _merge_bag(ctx, view, where, route.delta_path, version, metadata)
     elif how != "current":
@@ -285,6 +287,27 @@ def _bag_change(schema: StructType, delta_path: str) -> tuple | None:
     counts = layer.column(COUNT_COLUMN).to_numpy(zero_copy_only=False)
     return (rows.take(np.repeat(np.arange(len(counts)), np.maximum(counts, 0))),
             rows.filter(pc.less(layer.column(COUNT_COLUMN), 0)))
+
+
+def _nullable(t: DataType) -> DataType:
+    """``t`` with every array element, map value and struct field nullable: the view's rows as the sink
+    writes them (read back from Parquet layers, Spark marks them so), which a MERGE into the table must
+    match (Spark casts no array of nullable elements to one of non-null ones)."""
+    if isinstance(t, ArrayType):
+        return ArrayType(_nullable(t.elementType), True)
+    if isinstance(t, MapType):
+        return MapType(_nullable(t.keyType), _nullable(t.valueType), True)
+    if isinstance(t, StructType):
+        return StructType([StructField(f.name, _nullable(f.dataType), True) for f in t.fields])
+    return t
+
+
+def _as_written(rows: DataFrame, schema: StructType) -> DataFrame:
+    """``rows`` with the view's nested columns cast to their `_nullable` types, as its table holds them
+    (a widening: always allowed)."""
+    return rows.select(*[F.col(quote(c)).cast(_nullable(schema[c].dataType)).alias(c) if c in schema.names
+                         and _nullable(schema[c].dataType) != schema[c].dataType else F.col(quote(c))
+                         for c in rows.columns])
 
 
 def _comparable(schema: StructType) -> bool:
@@ -383,7 +406,7 @@ def _merge(ctx: RunContext, view: str, where: str, key: list[str], delta_path: s
     holds the view's delta, nothing unchanged."""
     spark = ctx.spark
     schema = ctx.schema(view)
-    rows = ctx.read_state(view)
+    rows = _as_written(ctx.read_state(view), schema)
     columns = [quote(f.name) for f in schema.fields]
     if delta_path is None:
         source, gone = rows.withColumn("__present", F.lit(True)), "WHEN NOT MATCHED BY SOURCE THEN DELETE"
@@ -420,7 +443,7 @@ def _merge_bag(ctx: RunContext, view: str, where: str, delta_path: str | None, v
     spark = ctx.spark
     schema = ctx.schema(view)
     columns = [quote(f.name) for f in schema.fields]
-    now = ctx.read_zset(view)
+    now = _as_written(ctx.read_zset(view), schema)
     if delta_path is not None:
         change = consolidate(ctx.warehouse.read_layers(spark, [delta_path], schema, reuse=False))
     else:
