@@ -147,7 +147,8 @@ class _Route:
     key: list[str] | None
     #: the view's delta layer, to merge the keys or rows it touched (None: the whole state against the table)
     delta_path: str | None = None
-    #: a small keyless bag's change for delta-rs: (copies it gains, rows that lose copies), pyarrow Tables
+    #: a small keyless bag's change for delta-rs: (copies it gains, rows that lose copies), pyarrow Tables;
+    #: (None, None) for all its rows into an empty table
     bag: tuple | None = None
 
 
@@ -168,8 +169,8 @@ def _route(ctx: RunContext, view: str, previous: int | None, delta_path: str | N
     # a small keyless bag's change, read from its delta layer (or its whole state into an empty table)
     bag = None
     if small is not None and not key and not whole:
-        bag = (_bag_change(schema, delta_path) if not stale else
-               ("all", None) if sink is None or not sink.get_add_actions(flatten=True).num_rows else None)
+        bag = (_bag_change(schema, delta_path) if not stale else  # ((None, None): all its rows, appended)
+               (None, None) if sink is None or not sink.get_add_actions(flatten=True).num_rows else None)
     changed = None if stale else delta_path
     if small is not None and (key or whole or bag is not None):
         return _Route("small", schema, None if whole else key, changed, bag)
@@ -232,7 +233,8 @@ def _write_small(where: str, view: str, version: int, rows, key: list[str] | Non
     local = delta.local_path(where)
     same = lambda c: f"(t.{quote(c)} IS NOT DISTINCT FROM s.{quote(c)})"  # noqa: E731 - null-safe, DataFusion's
     if bag is not None:
-        gained, lost = (rows, None) if bag[0] == "all" else bag
+        gained, lost = bag
+        gained = rows if gained is None else gained
         if lost is None or not lost.num_rows:
             write_deltalake(local, gained, mode="append", commit_properties=commit)
             return "append (delta-rs)"
