@@ -551,7 +551,8 @@ def test_an_ivm_installed_by_pip_alone_fetches_delta_as_delta_spark_documents(tm
     # local Spark in that process, its Ivy resolving in a home of its own as on a machine that only ran pip
     # (this one's ~/.m2, which `make venv`'s Maven filled, holds poms whose jars it never fetched, and Ivy's
     # local-m2 resolver then fails on them)
-    env = {**{k: v for k, v in os.environ.items() if k != "SPARK_REMOTE"},
+    # (PySpark marks a process that connected to a server with SPARK_CONNECT_MODE_ENABLED: not inherited)
+    env = {**{k: v for k, v in os.environ.items() if k not in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED")},
            "SPARK_SUBMIT_OPTS": f"-Duser.home={tmp_path / 'home'}"}
     done = subprocess.run([sys.executable, "-c", PIP_ONLY, str(path), str(tmp_path / "no-jars"), data], env=env,
                           capture_output=True, text=True, timeout=600)
