@@ -119,6 +119,29 @@ class StorageSettings(_Model):
     sink_without_jvm_mb: float = Field(default=64.0, ge=0)
 
 
+class LineageSettings(_Model):
+    """OpenLineage run events of `ivm refresh` and `ivm backfill` (ivm.lineage; README "Lineage"). The
+    DAG's tasks report theirs through Airflow's OpenLineage provider, configured as Airflow configures it."""
+
+    #: the job namespace of the project's runs (their job: ``<project>.refresh`` / ``<project>.backfill``)
+    namespace: str = "ivm"
+    #: the OpenLineage client's transport, as an ``openlineage.yml`` writes it (``{type: http, url: ...}``,
+    #: ``{type: file, log_file_path: ..., append: true}``, ``{type: kafka, ...}``, ``{type: console}``).
+    #: Unset: the client's own configuration (``OPENLINEAGE_CONFIG``, ``openlineage.yml``,
+    #: ``OPENLINEAGE__TRANSPORT__*``, ``OPENLINEAGE_URL``), and no events when there is none
+    transport: dict[str, Any] | None = None
+
+    def may_emit(self) -> bool:
+        """Whether a transport may be configured (`transport`, or where the OpenLineage client looks for
+        its own), so that `ivm refresh` loads the client (half a second) only then; the client decides."""
+        if os.environ.get("OPENLINEAGE_DISABLED", "").strip().lower() == "true":
+            return False
+        return bool(self.transport or os.environ.get("OPENLINEAGE_URL") or os.environ.get("OPENLINEAGE_CONFIG")
+                    or any(k.startswith("OPENLINEAGE__TRANSPORT") for k in os.environ)
+                    or Path("openlineage.yml").is_file()
+                    or (Path.home() / ".openlineage" / "openlineage.yml").is_file())
+
+
 class ExpectationSpec(_Model):
     """A Great Expectations expectation in GE's own form, checked over the rows of the view's sample."""
 
@@ -422,6 +445,7 @@ class ProjectConfig(_Model):
     catalog: str | None = None
     spark: SparkSettings = Field(default_factory=SparkSettings)
     storage: StorageSettings = Field(default_factory=StorageSettings)
+    lineage: LineageSettings = Field(default_factory=LineageSettings)
     tables: dict[str, TableConfig] = Field(default_factory=dict)
     views: dict[str, ViewConfig] = Field(default_factory=dict)
     aggregates: dict[str, AggregateConfig] = Field(default_factory=dict)

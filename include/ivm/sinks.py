@@ -494,6 +494,13 @@ def write_views(ctx: RunContext, run_id: str, views: list[tuple[str, int | None,
     return done
 
 
+def written(ctx: RunContext, run_id: str) -> dict[str, dict]:
+    """What run ``run_id``'s sink stage wrote, by view: its record's detail (location, how, Delta version,
+    the view's catalog version)."""
+    run = ctx.catalog.get_run(run_id)
+    return {s.relation: s.detail for s in (run.stages if run else []) if s.stage == "sink" and s.relation}
+
+
 @dataclass(frozen=True)
 class SinkState:
     view: str

@@ -237,9 +237,13 @@ def test_the_refresh_dag_on_spark_connect(deployment):
     state = server.start(project.config, port=free_ports(1)[0])
     try:
         host, port = state.address.removeprefix("sc://").split(":")
+        lineage = Path(env["AIRFLOW_HOME"]) / "openlineage.jsonl"
         connect_env = {**env, "IVM_SPARK_CONNECT_CONN_ID": "spark_connect_default",
                        "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": json.dumps(
-                           {"conn_type": "spark_connect", "host": f"sc://{host}", "port": int(port)})}
+                           {"conn_type": "spark_connect", "host": f"sc://{host}", "port": int(port)}),
+                       # Airflow's OpenLineage provider, its file transport (one event per line)
+                       "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps(
+                           {"type": "file", "log_file_path": str(lineage), "append": True})}
         project.append("res", str(data / "res_changes_2.jsonl"))
         log = dag_test(connect_env, "ivm_refresh")
         assert "spark-submit" not in log and "--master" not in log
@@ -256,6 +260,19 @@ def test_the_refresh_dag_on_spark_connect(deployment):
                                               "'ivm_refresh' AND run_id = ? AND task_id LIKE 'stratum_%.maintain' "
                                               "AND map_index >= 0", (dag_run,))}
         assert shown == maintained
+        # OpenLineage through Airflow's provider: the trim task's inputs (the tables whose changes the run
+        # read, at the versions read), the sink task's outputs (the views' Delta tables at the versions
+        # written), each task's events tagged with the ivm run
+        sent = [json.loads(line) for line in lineage.read_text().splitlines() if line.strip()]
+        done = {e["job"]["name"]: e for e in sent if e["eventType"] == "COMPLETE"}
+        trim, sink = done["ivm_refresh.trim"], done["ivm_refresh.sink"]
+        assert [(i["name"], i["facets"]["version"]["datasetVersion"]) for i in trim["inputs"]] == [
+            (project.ctx.warehouse.path("log", "res"), str(run.snapshot["res"]))]
+        written = {s.relation: s.detail for s in run.stages if s.stage == "sink"}
+        assert written and {o["name"]: o["facets"]["version"]["datasetVersion"] for o in sink["outputs"]} == {
+            d["location"]: str(d["delta_version"]) for d in written.values()}
+        for event in (trim, sink):
+            assert {"key": "ivm.run_id", "value": run.id, "source": "IVM"} in event["run"]["facets"]["tags"]["tags"]
     finally:
         server.stop(project.config)
     assert_views_recomputed(project)

@@ -82,7 +82,32 @@ def run_report(argv: list[str]) -> dict:
                 "seconds": round(result.seconds, 2) if result is not None and run.finished_at else None}
 
 
-class SparkStageOperator(SparkSubmitOperator):
+class StageLineage:
+    """OpenLineage through Airflow's provider, which asks a task's operator for its datasets when the task
+    ends: the stage that reads the run's changes (trim) reports the tables it consumed at the versions it
+    read, the stage that writes the views' Delta tables (sink) the views at the Delta versions it wrote
+    (ivm.lineage); every stage's events carry the ivm run id as a tag. Read from the catalog alone."""
+
+    def get_openlineage_facets_on_complete(self, task_instance):
+        from airflow.providers.openlineage.extractors import OperatorLineage
+
+        from ivm import lineage
+        from ivm.refresh.plan import load_plan
+
+        name, path, args = parse_stage_args(list(self.application_args))
+        stage = stages.stage(name)
+        with opened(path, name) as project:
+            found = OperatorLineage(run_facets=lineage.run_facets(args.run_id))
+            if stage.consumes:
+                found.inputs.extend(lineage.inputs(project.ctx, load_plan(project.ctx, args.run_id)[0]))
+            if stage.readable:
+                found.outputs.extend(lineage.outputs(project.ctx, args.run_id))
+            return found
+
+    get_openlineage_facets_on_failure = get_openlineage_facets_on_complete
+
+
+class SparkStageOperator(StageLineage, SparkSubmitOperator):
     """A stage as a spark-submit of ``jobs/ivm_stage.py``: skipped when the run gives it nothing to do,
     failed without retries on an exit code no retry heals, its summary returned."""
 
@@ -119,7 +144,7 @@ class ValidateOperator(SparkStageOperator):
     operator_extra_links = (DataQualityLink(),)
 
 
-class ConnectStageOperator(BaseOperator):
+class ConnectStageOperator(StageLineage, BaseOperator):
     """A Spark stage as a Python task on the Airflow worker, its Spark a client session of the Spark Connect
     server that Airflow connection ``conn_id`` (type ``spark_connect``: `SparkConnectHook`) names; skipped
     when the run gives it nothing to do, failed without retries on an error no retry heals (`opened`), its

@@ -10,6 +10,7 @@ import argparse
 import hashlib
 import re
 
+from ivm import sinks
 from ivm.context import RunContext
 from ivm.errors import ChangeDataError, ConfigError, NotFoundError, RunError, ValidationError
 from ivm.modes import Mode
@@ -64,13 +65,12 @@ def changed_views(ctx: RunContext, run_id: str) -> dict[str, dict]:
     does not count what changed) — each with its asset event's extra: the run, the view's catalog
     version, its Delta table and version (where the sink stage wrote one), rows changed and how."""
     p, _ = load_plan(ctx, run_id)
-    run = ctx.catalog.get_run(run_id)
-    sinks = {s.relation: s.detail for s in (run.stages if run else []) if s.stage == "sink"}
+    written = sinks.written(ctx, run_id)
     out = {}
     for w in p.views:
         if w.mode is Mode.NOOP or (w.mode is Mode.INCREMENTAL and not w.rows_changed):
             continue
-        sink = sinks.get(w.view, {})
+        sink = written.get(w.view, {})
         version = sink.get("view_version") or ctx.catalog.state(w.view).version_id
         out[w.view] = {"run_id": run_id, "view_version": version,
                        "rows_changed": w.rows_changed, "mode": str(w.mode),

@@ -64,6 +64,9 @@ class Stage:
     #: after it, readers outside ivm see the run's views (their Delta tables): the DAG sends the changed
     #: views' asset events here
     readable: bool = False
+    #: it reads the tables' changes the run planned: the DAG's task of it reports them as the run's
+    #: OpenLineage inputs (as the `readable` stage's reports the views it wrote as outputs; ivm.lineage)
+    consumes: bool = False
     #: reads and writes the catalog alone, never Spark: the DAG runs it as a Python task on the Airflow
     #: worker (no spark-submit, no JVM)
     catalog_only: bool = False
@@ -106,7 +109,8 @@ def _report(ctx: RunContext, a: StageArgs, say: Progress) -> RefreshResult:
 #: a run's stages, in order (DESIGN.md §6)
 STAGES: tuple[Stage, ...] = (
     Stage("plan", _plan, spark=False, catalog_only=True),
-    Stage("trim", lambda ctx, a, say: trim_stage(ctx, a.run_id, say), spark=True, idle=_trim_idle),
+    Stage("trim", lambda ctx, a, say: trim_stage(ctx, a.run_id, say), spark=True, idle=_trim_idle,
+          consumes=True),
     Stage("maintain", lambda ctx, a, say: maintain_stage(ctx, a.run_id, list(a.views) or None, say), spark=True,
           per_view=True),
     Stage("validate", lambda ctx, a, say: validate_stage(ctx, a.run_id, say, a.sample), spark=True,
@@ -160,6 +164,11 @@ def refresh(ctx: RunContext, progress: Progress = lambda _: None, views: list[st
     Airflow tasks run. Raises on bad change data or a failed validation; nothing is applied then. A
     refresh with nothing to do records no run and starts no Spark."""
     started = time.perf_counter()
+    emitter = None
+    if ctx.config.lineage.may_emit():  # OpenLineage run events, when a transport is configured (ivm.lineage)
+        from ivm.lineage import Emitter
+
+        emitter = Emitter.for_project(ctx.config)
     p = plan(ctx, views, mode, run_id, from_version)
     if not p.tables and not p.views:
         progress("plan: no table has changes past its watermark and every view is current; nothing to refresh")
@@ -176,16 +185,27 @@ def refresh(ctx: RunContext, progress: Progress = lambda _: None, views: list[st
     args = StageArgs(p.run_id, mode=p.mode, kind=kind, from_version=from_version, sample=sample)
     done: dict[str, object] = {}
     committed = False
-    with tagged(ctx.spark, run_tag(p.run_id)):  # (the run's Spark operations carry its job tag)
-        with ctx.catalog.run(p.run_id):  # (a failure before the commit: the run failed, with one line)
-            begin(ctx, p, kind)  # the plan stage's record, of the plan made above
-            for s in STAGES[1:]:
-                if s.in_process and not committed:
+    if emitter is not None:
+        emitter.start(ctx, p, kind)
+    try:
+        with tagged(ctx.spark, run_tag(p.run_id)):  # (the run's Spark operations carry its job tag)
+            with ctx.catalog.run(p.run_id):  # (a failure before the commit: the run failed, with one line)
+                begin(ctx, p, kind)  # the plan stage's record, of the plan made above
+                for s in STAGES[1:]:
+                    if s.in_process and not committed:
+                        done[s.name] = s.run(ctx, args, progress)
+                        committed = s.commit
+            for s in STAGES[1:]:  # after the commit point, outside it: each its own atomic step (compaction)
+                if s.in_process and s.name not in done:
                     done[s.name] = s.run(ctx, args, progress)
-                    committed = s.commit
-        for s in STAGES[1:]:  # after the commit point, outside it: each its own atomic step (compaction)
-            if s.in_process and s.name not in done:
-                done[s.name] = s.run(ctx, args, progress)
+    except BaseException as e:
+        if emitter is not None:
+            emitter.fail(ctx, p, kind, e)
+            emitter.close()
+        raise
+    if emitter is not None:
+        emitter.complete(ctx, p, kind)
+        emitter.close()
     result = done[next(s.name for s in STAGES if s.commit)]  # (publish's RefreshResult)
     result.compacted = done.get("compact") or []
     result.seconds = time.perf_counter() - started
