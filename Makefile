@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 LOCAL_FS_JAR := include/ivm/jvm/ivm-hadoop.jar
 JARS := include/ivm/jvm/jars/.resolved
 
-.PHONY: venv demo test test-in-process test-connect lint bench clean
+.PHONY: venv demo test test-in-process test-connect lint docs bench clean
 
 venv: $(VENV)/.installed $(LOCAL_FS_JAR) $(JARS)
 
@@ -69,6 +69,13 @@ test-connect: venv
 	SPARK_REMOTE=sc://127.0.0.1:$(CONNECT_PORT) $(PYTEST) --spark-pass connect; \
 	  status=$$?; $(BIN)/ivm --project $(CONNECT_PROJECT) server stop; exit $$status
 
+# the documentation site (mkdocs-material, mkdocs.yml): the pages generated from the code first
+# (docs/gen_reference.py: the project-file and CLI references, the front page from README.md), then the
+# site in site/, warnings as errors
+docs: venv
+	$(BIN)/python docs/gen_reference.py
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
 # benchmarks (tests/bench/run.py --help): TPC-H from tpchgen-cli at SF $(SF), a generated closure
 SF ?= 0.1
 bench: venv
@@ -76,7 +83,7 @@ bench: venv
 	$(BIN)/python tests/bench/run.py --sf $(SF)
 
 lint: venv
-	$(BIN)/ruff check include tests dags jobs plugins
+	$(BIN)/ruff check include tests dags jobs plugins docs
 
 clean:
-	rm -rf $(VENV) include/views/demo/warehouse tests/connect/warehouse
+	rm -rf $(VENV) include/views/demo/warehouse tests/connect/warehouse site

@@ -1,4 +1,4 @@
-"""spark-submit entry point: one stage of one ivm run (DESIGN.md §9).
+"""spark-submit entry point: one stage of one ivm run (docs/design.md §9).
 
     spark-submit jobs/ivm_stage.py STAGE --run-id ID [--project ivm.yaml] [--views a,b] [--mode auto] [--kind refresh]
                                  [--from-version N] [--sample N]

@@ -2,7 +2,7 @@
 
 from ivm.errors import IvmError
 
-__all__ = ["IvmError", "Project"]
+__all__ = ["IvmError", "Project", "session_for"]
 __version__ = "0.1.0"
 
 
@@ -13,4 +13,8 @@ def __getattr__(name: str):
         from ivm.project import Project
 
         return Project
+    if name == "session_for":  # the project's Spark session, for a notebook: ivm.session_for("ivm.yaml")
+        from ivm.server import session_for
+
+        return session_for
     raise AttributeError(f"module 'ivm' has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""User-defined aggregates (DESIGN.md §5, 001 §2), registered in the project file:
+"""User-defined aggregates (docs/design.md §5, 001 §2), registered in the project file:
 
     aggregates:
       spread:   {sql: "array_max(vals) - array_min(vals)"}              # Spark SQL over the array

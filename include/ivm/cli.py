@@ -1,4 +1,4 @@
-"""The `ivm` command (DESIGN.md §8). Every command takes ``--project PATH`` (else $IVM_PROJECT, else
+"""The `ivm` command (docs/design.md §8). Every command takes ``--project PATH`` (else $IVM_PROJECT, else
 ./ivm.yaml); bad input ends with a one-line ``ivm: error: ...`` and a non-zero exit code."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Compaction: merge a relation's base layer and delta layers into a new base layer (DESIGN.md §3).
+"""Compaction: merge a relation's base layer and delta layers into a new base layer (docs/design.md §3).
 
 A relation is compacted when it has more delta layers than ``storage.compact_max_layers``, or when its
 delta layers hold at least ``storage.compact_min_delta_mb`` and more than ``storage.compact_delta_ratio``

@@ -1,6 +1,6 @@
 """The project file (`ivm.yaml`): tables, keys, views and settings, read with pydantic.
 
-The contract is DESIGN.md §8. Every error names the field (``tables.link.key``) and is one line.
+The contract is docs/design.md §8. Every error names the field (``tables.link.key``) and is one line.
 Relative paths (warehouse, SQLite catalog, view files) are resolved against the project file's folder,
 so a project works from any current directory.
 """
@@ -68,6 +68,7 @@ class _Model(BaseModel):
 class SparkSettings(_Model):
     """How ivm starts Spark when it runs in-process (`ivm refresh`, the demo, tests), and plans its work."""
 
+    #: the master of local Spark in-process (``local[N]``, ``spark://host:7077``); not used on a server
     master: str = "local[2]"
     #: a Spark Connect server (``sc://host:port``) that every command, the Python API and the DAG's
     #: Spark tasks run on instead of starting Spark in-process; the environment's ``SPARK_REMOTE``
@@ -79,6 +80,8 @@ class SparkSettings(_Model):
     #: spark-submits, in-process sessions, users' notebooks (the compose stack runs one on its
     #: PostgreSQL). Unset: an embedded Derby database in the warehouse, which one JVM opens at a time
     metastore: str | None = Field(default=None, pattern=r"^thrift://")
+    #: any Spark setting, over ivm's defaults (ivm.spark.DEFAULT_CONF); on a Spark Connect server the
+    #: ``spark.sql.*`` runtime settings are set per session, the others are the server's
     conf: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("remote", "metastore", mode="before")
@@ -93,7 +96,7 @@ class SparkSettings(_Model):
 
 
 class StorageSettings(_Model):
-    """Layers, compaction and garbage collection (DESIGN.md §3)."""
+    """Layers, compaction and garbage collection (docs/design.md §3)."""
 
     #: compact a relation when it has more delta layers than this ...
     compact_max_layers: int = Field(default=10, ge=1)
@@ -145,12 +148,14 @@ class LineageSettings(_Model):
 class ExpectationSpec(_Model):
     """A Great Expectations expectation in GE's own form, checked over the rows of the view's sample."""
 
+    #: the expectation's name (``expect_column_values_to_not_be_null``, ...)
     type: str = Field(pattern=r"^expect_[a-z0-9_]+$")
+    #: its arguments, as Great Expectations names them (``column``, ``min_value``, ...)
     kwargs: dict[str, Any] = Field(default_factory=dict)
 
 
 class ValidateSettings(_Model):
-    """Sampled recomputation after each refresh (DESIGN.md §7, ivm.validate)."""
+    """Sampled recomputation after each refresh (docs/design.md §7, ivm.validate)."""
 
     #: keys of the view recomputed and compared per refresh (and as many of the keys the run touched);
     #: 0 turns the sampled recomputation off (the check for negative counts stays)
@@ -171,7 +176,9 @@ class NestedReference(_Model):
     table holds the elements of every collection of this type, each row tagged with its collection's
     id in column ``id``; a view reaches the elements by joining that column (002 §2.2's e_S)."""
 
+    #: the table holding the elements of every collection of this type
     collection: str
+    #: that table's column holding the collection's id
     id: str
 
 
@@ -180,7 +187,9 @@ class SourceConfig(_Model):
     with its change data feed on (ivm.changes.delta), named by path (``delta:``, relative to the project
     file) or by name in the Spark catalog (``table:``)."""
 
+    #: the Delta table's path or URI (relative to the project file)
     delta: str | None = None
+    #: the Delta table's name in the Spark catalog (``db.table``)
     table: str | None = None
 
     @model_validator(mode="after")
@@ -195,11 +204,20 @@ class TableConfig(_Model):
     that reference nested collections (``nested:``); and where its changes come from (``source:``: a
     Delta table, else ``ivm load`` and ``ivm log append``)."""
 
+    #: column name to Spark SQL type (``int``, ``string``, ``decimal(10,2)``, ``date``, ``timestamp``,
+    #: ``array<struct<a: string, b: int>>``), in order: a loaded or appended file's columns by name
     columns: dict[str, str]
+    #: the primary key: set semantics by key, a delete or update must match the stored row; unset: a bag,
+    #: duplicate rows count
     key: list[str] | None = None
+    #: alternate keys (003's key-based analysis uses them)
     unique: list[list[str]] = Field(default_factory=list)
+    #: foreign keys, ``column: table.column`` of a key of that table: they prune delta rules (a new
+    #: order's lines cannot join an old delta)
     references: dict[str, str] = Field(default_factory=dict)
+    #: columns holding the id of a nested collection stored by reference (002 §2.1)
     nested: dict[str, NestedReference] = Field(default_factory=dict)
+    #: a Delta table read in place by its change data feed, instead of ``ivm load`` / ``ivm log append``
     source: SourceConfig | None = None
     #: a change that does not apply to the table (a delete of a row that is not there, ...): ``fail``
     #: refuses the refresh, naming it; ``quarantine`` sets its commit aside (listed by `ivm log list`,
@@ -275,13 +293,22 @@ class AggregateConfig(_Model):
       given (otherwise the groups a delete touches are recomputed from their stored values).
     """
 
+    #: a Spark SQL expression over the array ``vals``
     sql: str | None = None
+    #: a Python function ``module:function`` taking a list
     python: str | None = None
+    #: the Spark SQL type a ``python`` aggregate returns
     returns: str | None = None
+    #: inductive: the state of an empty group (a Spark SQL expression)
     initial: str | None = None
+    #: inductive: the state after adding value ``x`` to ``state``
     iterate: str | None = None
+    #: inductive: two groups' states, ``state`` and ``other``, combined
     merge: str | None = None
+    #: inductive: the aggregate's value from ``state``
     final: str | None = None
+    #: inductive, optional: the state after removing value ``x`` from ``state`` (else a delete re-reads the
+    #: group)
     retract: str | None = None
 
     #: the names each expression of an inductive aggregate may read
@@ -347,6 +374,7 @@ class CrossoverSettings(_Model):
     """`mode: auto`'s choice of a full recompute over incremental maintenance from the view's measured
     costs (ivm.maintain.crossover)."""
 
+    #: off: ``auto`` recomputes only when it must
     enabled: bool = True
     #: a full recompute must be estimated to save at least this many seconds ... (1 s: above the spread of
     #: one view's refresh times between runs on a small change; a project's views each save their own,
@@ -368,19 +396,26 @@ SCHEDULE_PRESETS = ("@hourly", "@daily", "@weekly", "@monthly", "@quarterly", "@
 class ViewConfig(_Model):
     """A view: SQL or Datalog (inline text or a file path) and its per-view options."""
 
+    #: the view in Spark SQL: inline text or a ``.sql`` file's path (relative to the project file)
     sql: str | None = None
+    #: the view in Datalog (000's and 001's notation): inline text or a ``.dl`` file's path
     datalog: str | None = None
     #: a cron string (checked by croniter, as Airflow checks it; spaces normalized) or a preset
     schedule: str | None = None
+    #: the sampled recomputation after each refresh that maintained the view (ivm.validate)
     validate_: ValidateSettings = Field(default_factory=ValidateSettings, alias="validate")
     #: columns that identify a row of the view: validation expects them not null and unique, and
     #: samples by them (default: the GROUP BY columns, else all columns)
     key: list[str] | None = None
+    #: auto: the planner chooses per run (incremental unless a recompute is needed or cheaper);
+    #: incremental: maintained from the deltas, refused where a run cannot; full: recomputed every run
     mode: Mode = Mode.AUTO
+    #: when ``auto`` recomputes instead because the view's measured costs say it is cheaper
     crossover: CrossoverSettings = Field(default_factory=CrossoverSettings)
     #: how a set-semantics projection view is maintained: counting (000, derivation counts), keyed (003's
     #: derived rules) or reduce (004); unset: chosen per run by a cost model (ivm.maintain.strategy)
     strategy: Literal["counting", "keyed", "reduce"] | None = None
+    #: 004's algorithm and multiple-update method, where REDUCE maintains the view
     reduce: ReduceSettings = Field(default_factory=ReduceSettings)
     #: rounds a recursive fixpoint (evaluation or a DRed step) may take before the refresh fails
     max_iterations: int = Field(1000, ge=1)
@@ -441,13 +476,23 @@ class ProjectConfig(_Model):
     #: the project's name: its Airflow assets' ``ivm://<name>/<view>`` and the Spark catalog database of
     #: its views; default: the name of the project file's folder
     name: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    #: where ivm keeps change logs, layers and the views' Delta tables: a folder or a URI Spark can write
+    #: (``file://``, ``hdfs://``, ``s3a://``)
     warehouse: str = "./warehouse"
+    #: the catalog database, any SQLAlchemy URL (``postgresql+psycopg2://...``); default: SQLite in a local
+    #: warehouse (``<warehouse>/catalog.db``)
     catalog: str | None = None
+    #: how ivm reaches Spark
     spark: SparkSettings = Field(default_factory=SparkSettings)
+    #: layers, compaction, garbage collection and the views' Delta tables
     storage: StorageSettings = Field(default_factory=StorageSettings)
+    #: OpenLineage events of refreshes
     lineage: LineageSettings = Field(default_factory=LineageSettings)
+    #: the base tables, by name
     tables: dict[str, TableConfig] = Field(default_factory=dict)
+    #: the views, by name
     views: dict[str, ViewConfig] = Field(default_factory=dict)
+    #: user-defined aggregates, by the name views call them with
     aggregates: dict[str, AggregateConfig] = Field(default_factory=dict)
     root: str = "."
 
@@ -589,7 +634,7 @@ def _read_definition(view: dict, root: Path, where: str) -> dict:
 
 
 def find_project_file(path: str | os.PathLike | None = None) -> Path:
-    """`--project PATH`, else $IVM_PROJECT, else ./ivm.yaml (DESIGN.md §8)."""
+    """`--project PATH`, else $IVM_PROJECT, else ./ivm.yaml (docs/design.md §8)."""
     chosen = path or os.environ.get(PROJECT_ENV) or DEFAULT_PROJECT
     p = Path(chosen)
     if p.is_dir():

@@ -1,5 +1,5 @@
 """What a run's stages share: the project file, its catalog and warehouse, Spark, and the compiled
-program with its strata (DESIGN.md §6). Stages, validation, compaction and garbage collection take a
+program with its strata (docs/design.md §6). Stages, validation, compaction and garbage collection take a
 `RunContext`; `ivm.project.Project` is the public face over one. This module imports no stage, so no
 module that a stage imports imports a stage back."""
 
@@ -23,8 +23,8 @@ from ivm.lang import compile_project
 from ivm.maintain import counting, strategy
 from ivm.maintain.groupby import GroupByState
 from ivm.maintain.recompute import Evaluator, as_used
-from ivm.server import remote_for
-from ivm.spark import project_conf, quiet_query_context, session
+from ivm.server import project_session
+from ivm.spark import quiet_query_context
 from ivm.storage import Warehouse
 from ivm.stratify import Strata, stratify
 from ivm.zset import expand
@@ -50,8 +50,7 @@ class RunContext:
             spark = self._start_spark()
         else:  # (a Spark Connect server, or local Spark with the project's settings, its views' names kept
             # in a metastore under the warehouse)
-            spark = session(self.config.spark.model_copy(update={"conf": project_conf(self.config)}),
-                            remote=remote_for(self.config))
+            spark = project_session(self.config)
         register_aggregates(spark, self.config.aggregates)
         quiet_query_context()
         return spark

@@ -1,4 +1,4 @@
-"""Great Expectations 1.x over a view's sampled comparison (DESIGN.md §7, ivm.validate).
+"""Great Expectations 1.x over a view's sampled comparison (docs/design.md §7, ivm.validate).
 
 Per view, a suite (``ivm.<view>``) checks the comparison frame (the view's columns, ``__staged`` and
 ``__expected`` counts of each sampled row):

@@ -216,7 +216,7 @@ _COUNT_FREE_STEPS: dict[Strategy, Callable[[Program, ProjectConfig, str], tuple[
 
 
 def choose(program: Program, strata: Strata, config: ProjectConfig, view: str) -> tuple[str, list[str]]:
-    """The algorithm that maintains ``view`` and why (DESIGN.md §5)."""
+    """The algorithm that maintains ``view`` and why (docs/design.md §5)."""
     if config.views[view].mode is Mode.FULL:
         return "full recompute", ["the view is configured with mode: full: every refresh that changes an input "
                                   "recomputes it from the new snapshot"]

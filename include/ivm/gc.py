@@ -1,4 +1,4 @@
-"""Garbage collection: files no retained version needs (DESIGN.md §3).
+"""Garbage collection: files no retained version needs (docs/design.md §3).
 
 After ``storage.retention_hours``, a replaced version is forgotten and the layers no remaining version
 references are deleted; so are layer folders no catalog row knows (left by a run that crashed before

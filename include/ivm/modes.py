@@ -1,5 +1,5 @@
 """The vocabulary of a run, as one enum every module reads (dbt's ``full_refresh`` / incremental;
-DESIGN.md §5): what a user asks a run or a view for, and what a run did to a view.
+docs/design.md §5): what a user asks a run or a view for, and what a run did to a view.
 
 A `StrEnum`: its members are the strings the project file, the command line and the catalog hold, so
 ``Mode("full") is Mode.FULL`` and a member is written to JSON as its value.

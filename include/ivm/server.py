@@ -39,6 +39,7 @@ from ivm.spark import (
     project_conf,
     reachable,
     remote_address,
+    session,
     with_delta,
 )
 
@@ -149,6 +150,21 @@ def remote_for(config: ProjectConfig) -> str | None:
         log.info("using the project's Spark Connect server at %s (ivm server status)", running.address)
         return running.address
     return None
+
+
+def project_session(config: ProjectConfig):
+    """The Spark session a project's commands run on: its Spark Connect server (`remote_for`), else local
+    Spark with the project's settings, Delta's extension and jars and its views' metastore."""
+    return session(config.spark.model_copy(update={"conf": project_conf(config)}), remote=remote_for(config))
+
+
+def session_for(path: str | None = None):
+    """The project's Spark session for a notebook or a script, one line: ``spark = ivm.session_for(
+    "ivm.yaml")``, then ``spark.table("<database>.<view>")`` or ``spark.read.format("delta").load(...)``
+    (``path``: the project file; default ``$IVM_PROJECT``, else ``./ivm.yaml``)."""
+    from ivm.config import load_project
+
+    return project_session(load_project(path))
 
 
 def start(config: ProjectConfig, host: str = "127.0.0.1", port: int = CONNECT_PORT,

@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 #: Spark's own logging: warnings and errors only, on stderr
 LOG4J2 = Path(__file__).with_name("log4j2.properties")
 
-#: Defaults sized for small incremental work on a laptop-class machine (DESIGN.md §11): few shuffle
+#: Defaults sized for small incremental work on a laptop-class machine (docs/design.md §11): few shuffle
 #: partitions (deltas are small), no UI, no console progress bars, UTC so timestamps read back as written,
 #: and room for every refresh's generated code. Spark compiles each distinct piece of whole-stage and
 #: expression code with Janino (10-80 ms on the driver, before the stage's tasks run) and keeps the last

@@ -1,4 +1,4 @@
-"""The warehouse: change-log segments and versioned Z-set layers of relations (DESIGN.md §3).
+"""The warehouse: change-log segments and versioned Z-set layers of relations (docs/design.md §3).
 
     <warehouse>/log/<table>/<segment>.parquet      one directory per `ivm log append`
     <warehouse>/data/<relation>/<layer>/            one Parquet directory per layer
@@ -107,7 +107,7 @@ class Warehouse:
     def parquet_stats(self, path: str) -> tuple[int | None, int | None]:
         """Rows and bytes of a written Parquet directory, read from the footers on the driver.
 
-        Taking the numbers from the files just written costs no Spark job (DESIGN.md §11: no
+        Taking the numbers from the files just written costs no Spark job (docs/design.md §11: no
         `count()` just to log a number).
         """
         try:

@@ -4,7 +4,7 @@ program evaluable: safety of every variable, negation and aggregation stratified
 Strongly connected components of the dependency graph are collapsed into one node each; base
 predicates are stratum 0 and every other component gets one more than the highest component it
 depends on, so the predicates of a stratum depend only on lower strata and can be maintained
-independently of each other (DESIGN.md §6).
+independently of each other (docs/design.md §6).
 """
 
 from __future__ import annotations

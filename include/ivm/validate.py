@@ -1,4 +1,4 @@
-"""Validation by sampled recomputation (DESIGN.md §7).
+"""Validation by sampled recomputation (docs/design.md §7).
 
 For a view's new state (staged by a run, or published), a sample of its keys is recomputed from the
 base tables and compared, row by row with counts, with the state:

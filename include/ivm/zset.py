@@ -1,4 +1,4 @@
-"""Z-sets on Spark DataFrames: a relation's columns plus ``__count`` (DESIGN.md §2).
+"""Z-sets on Spark DataFrames: a relation's columns plus ``__count`` (docs/design.md §2).
 
 Positive counts are insertions or derivations, negative counts deletions (000 §3). Union (⊎) adds
 counts, consolidation groups equal tuples and drops zero counts; it is done only where a consolidated

@@ -1,4 +1,4 @@
-"""The refresh DAG end to end on a Spark standalone cluster (DESIGN.md §9): a master and a
+"""The refresh DAG end to end on a Spark standalone cluster (docs/design.md §9): a master and a
 worker started on loopback with pyspark's own ``spark-class``, ``spark_default`` pointed at the master,
 and each DAG run with ``dag.test()`` — every Spark stage a real spark-submit of jobs/ivm_stage.py, the
 catalog-only stages Python tasks — for the demo project with real changes. Afterwards every view equals

@@ -1,4 +1,4 @@
-"""The DAGs (DESIGN.md §9): every DAG file imports with no error, and the DAGs have the documented
+"""The DAGs (docs/design.md §9): every DAG file imports with no error, and the DAGs have the documented
 structure — one refresh DAG per schedule group (max_active_runs 1) and the backfill DAG with its
 params; plan → trim → (stratum_k.views → mapped stratum_k.maintain)… → validate → publish → sink →
 assets → compact → report (ivm.refresh.stages.STAGES), the catalog-only stages Python tasks, the others

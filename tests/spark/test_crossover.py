@@ -67,3 +67,23 @@ def test_auto_stays_incremental_below_the_crossover(make_project, tmp_path):
     est = next(s for s in p.runs(1)[0].stages if s.stage == "maintain").detail["choice"]["crossover"]
     assert not est["full"] and est["incremental_s"] < est["full_s"]
     assert as_zset(p.read_zset("v").collect()) == {(0, 7): 1, (1, 8): 1, (2, 6): 1}
+
+
+def test_auto_weighs_net_deltas_a_change_and_its_undoing_is_nothing_to_do(make_project, tmp_path):
+    """The plan sees the log's rows (a change and its undoing: 4 rows, past the crossover at 1,000 s per
+    row); the trim nets them to nothing, and the view is then neither recomputed nor maintained. A change
+    stays as planned where the net deltas hold what the plan saw (the tests above)."""
+    p = make_project(TABLES, views={"v": VIEW})
+    p.load("t", write_jsonl(tmp_path / "t.jsonl", ["k", "v"], [(k, k % 3) for k in range(20)]))
+    p.refresh()
+    full_s = p.catalog.maintain_history("v", "full", 1)[0][1]
+    _history(p, seconds_per_row=full_s + 0.01)  # one changed row costs about a recompute: four, four times
+    _change(p, tmp_path, 1, [(100, 1), (101, 2)])
+    p.append("t", write_jsonl(tmp_path / "undo.jsonl", ["k", "v"], [(100, 1), (101, 2)], ["delete", "delete"]))
+    result = p.refresh()
+    [work] = result.views
+    assert work.mode == "noop", work.reason
+    planned = next(s for s in p.runs(1)[0].stages if s.stage == "plan").detail["views"][0]
+    assert planned["mode"] == "full" and planned["reason"].startswith("auto: estimated")  # (on the log's 4 rows)
+    assert {t.table: t.delta_rows for t in result.tables} == {"t": 0}
+    assert as_zset(p.read_zset("v").collect()) == {(0, 7): 1, (1, 7): 1, (2, 6): 1}

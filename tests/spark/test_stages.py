@@ -1,4 +1,4 @@
-"""The stage contract (DESIGN.md §6, ivm.refresh) through the stage commands the Airflow tasks run
+"""The stage contract (docs/design.md §6, ivm.refresh) through the stage commands the Airflow tasks run
 (ivm.refresh.stages.run_stage), each stage with a project of its own, as separate processes
 have: a maintenance stage killed mid-way and retried, and a whole run re-run after a failed publish,
 leave every view equal to its full recomputation and the log applied exactly once; a published run is

@@ -1,4 +1,4 @@
-"""Validation by sampled recomputation (DESIGN.md §7, ivm.validate and ivm.expectations): a wrong row,
+"""Validation by sampled recomputation (docs/design.md §7, ivm.validate and ivm.expectations): a wrong row,
 a missing row and a wrong count injected into a staged view are each caught and named, the publish is
 blocked under ``fail`` and flagged under ``warn``; `ivm validate` checks published views; the key
 restriction reaches below the aggregate of the recomputation; Great Expectations' results and Data

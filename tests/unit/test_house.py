@@ -116,7 +116,7 @@ def test_strategies_and_modes_are_not_compared_as_strings():
                                     "ivm.lang.aggregate_filters", "ivm.lang.grouped_in", "ivm.lang.scalar_subqueries",
                                     "ivm.lang.bag_set_operations", "ivm.lang.window_functions",
                                     "ivm.validate", "ivm.evolution", "ivm.orchestration.dags",
-                                    "ivm.orchestration.stages", "ivm.lineage"])
+                                    "ivm.orchestration.stages", "ivm.lineage", "ivm.dataflow"])
 def test_docstring_examples(module):
     result = doctest.testmod(importlib.import_module(module))
     assert result.attempted > 0 and result.failed == 0

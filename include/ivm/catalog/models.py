@@ -1,6 +1,6 @@
 """The catalog's tables (SQLAlchemy 2 declarative models).
 
-The catalog is the commit point of the warehouse (DESIGN.md §3): a relation's visible state is the
+The catalog is the commit point of the warehouse (docs/design.md §3): a relation's visible state is the
 version its ``current_version_id`` points to, and a run publishes by moving those pointers and the
 watermarks in one transaction. Schema changes go through Alembic migrations in ``migrations/``.
 """
@@ -232,7 +232,7 @@ class RunStage(Base):
 
 
 class Validation(Base):
-    """The result of a sampled recomputation check of one view in one run (DESIGN.md §7)."""
+    """The result of a sampled recomputation check of one view in one run (docs/design.md §7)."""
 
     __tablename__ = "ivm_validations"
 

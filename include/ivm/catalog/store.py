@@ -1,6 +1,6 @@
 """The catalog's unit of work: definitions, relation versions, log segments, watermarks, runs, leases.
 
-Publishing is one SQL transaction (DESIGN.md §3): it records the new layers of every refreshed
+Publishing is one SQL transaction (docs/design.md §3): it records the new layers of every refreshed
 relation, moves their current-version pointers and advances watermarks. It checks that every relation
 is still at the version the run read, so a run that lost its lease can never overwrite newer work.
 """

@@ -133,7 +133,7 @@ def append_log(spark: Callable[[], SparkSession], catalog: Catalog, warehouse: W
             return AppendResult(name, None, 0)
         last = catalog.last_commit_version(name)
         if stats.versioned == 0:
-            # a file without _commit_version is one transaction with the next number (DESIGN.md §4)
+            # a file without _commit_version is one transaction with the next number (docs/design.md §4)
             lo = hi = last + 1
         elif stats.versioned != stats.rows:
             missing = changes.where(F.col(COMMIT_VERSION).isNull()).orderBy(SEQ).limit(1).collect()[0]

@@ -1,6 +1,6 @@
 """Reading change files and snapshot files into a table's normalized form, on Spark.
 
-Native change format (DESIGN.md §4, modelled on Delta Lake's change data feed): the table's columns,
+Native change format (docs/design.md §4, modelled on Delta Lake's change data feed): the table's columns,
 ``_change_type`` (insert, delete, update_preimage, update_postimage) and optionally
 ``_commit_version``. Files are Parquet, CSV or JSON lines. Debezium change events (JSON lines, one
 envelope a line, with or without the Kafka Connect ``schema``/``payload`` wrapper) are read by

@@ -5,7 +5,7 @@ insert-remove, replace-remove, replace-replace and insert-replace pairs into the
 "hash table" is a Spark shuffle by key: for a keyed table, every key's chain of changes in commit order
 collapses to its first before-image against its last after-image (insert→update→delete vanishes; an
 update that restores the old row is a no-op); for an unkeyed (bag) table the net effect of a tuple is
-the sum of its signed counts. The result is a Z-set delta (DESIGN.md §2).
+the sum of its signed counts. The result is a Z-set delta (docs/design.md §2).
 
 The changes are checked in order against the snapshot they apply to (restricted to the keys in
 play) in the same Spark plan that computes the net delta: the check is observed (a Spark Observation)

@@ -1,1 +1,1 @@
-"""Maintenance algorithms, one module each (DESIGN.md §1)."""
+"""Maintenance algorithms, one module each (docs/design.md §1)."""

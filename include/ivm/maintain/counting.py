@@ -32,7 +32,7 @@ in this run are evaluated.
 
 Presence checks (negation, statement (2), distinct values) consolidate the stored layers restricted to
 the keys in the delta, never a whole relation; positive subgoals read the layers as they are, since
-joins distribute over ⊎ (DESIGN.md §3).
+joins distribute over ⊎ (docs/design.md §3).
 """
 
 from __future__ import annotations
@@ -261,7 +261,7 @@ class Counting:
 
     def joined(self, pred: str, state: str) -> DataFrame:
         """The predicate as a positive subgoal of a delta rule joins it. A table's layers are joined as
-        they are: joins distribute over ⊎ (DESIGN.md §3), and a keyed table's counts add up to 0 or 1
+        they are: joins distribute over ⊎ (docs/design.md §3), and a keyed table's counts add up to 0 or 1
         per tuple (trimming refused anything else), so consolidating it first (a shuffle of the whole
         table in every delta rule that reads it) would change nothing."""
         if state != DELTA and self.program.predicates[pred].kind == "base":

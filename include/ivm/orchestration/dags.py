@@ -1,4 +1,4 @@
-"""The DAG factory (DESIGN.md §9): from the project file, one scheduled refresh DAG per schedule group
+"""The DAG factory (docs/design.md §9): from the project file, one scheduled refresh DAG per schedule group
 and one backfill DAG for manual runs, a task per stage of ivm.refresh.stages.STAGES.
 
     ivm_refresh[_<schedule>]   plan → trim → [stratum_k: views → maintain] … → validate → publish → sink

@@ -1,4 +1,4 @@
-"""The validate tasks' extra link to the run's data-quality report (DESIGN.md §9).
+"""The validate tasks' extra link to the run's data-quality report (docs/design.md §9).
 
 Airflow 3 resolves a task's extra links when the task finishes and keeps each URL as an XCom
 (``_link_DataQualityLink``), so the UI shows the button without importing this module."""

@@ -1,4 +1,4 @@
-"""How the ivm DAGs run a stage (DESIGN.md §9), from one command line (ivm.orchestration.stages
+"""How the ivm DAGs run a stage (docs/design.md §9), from one command line (ivm.orchestration.stages
 .parse_stage_args):
 
 * a stage that needs Spark (trim, maintain, validate, sink, compact) as a spark-submit of

@@ -1,4 +1,4 @@
-"""The data-quality page of the Airflow UI (DESIGN.md §9, issue: validation reports): a FastAPI app the
+"""The data-quality page of the Airflow UI (docs/design.md §9, issue: validation reports): a FastAPI app the
 plugin (plugins/ivm_quality.py) mounts on the Airflow 3 API server under ``/ivm``.
 
     /ivm/quality[?run=ID][&view=V]   the page: per view its recent runs (mode, delta sizes, timings,

@@ -1,4 +1,4 @@
-"""A refresh run (DESIGN.md §6), as stages that each read what the stages before them recorded in the
+"""A refresh run (docs/design.md §6), as stages that each read what the stages before them recorded in the
 catalog, so one process can run them all (`ivm refresh`) or an Airflow task can run each
 (ivm.orchestration). The stages, listed once in `ivm.refresh.stages.STAGES`:
 

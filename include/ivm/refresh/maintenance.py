@@ -18,6 +18,7 @@ from ivm.context import RunContext
 from ivm.errors import NotFoundError, RunError
 from ivm.maintain.count_free import CountFree
 from ivm.maintain.counting import Counting, ephemeral, materialize, view_predicates, weighted
+from ivm.maintain.crossover import estimate as crossover_estimate
 from ivm.maintain.recompute import Evaluator, as_used
 from ivm.maintain.states import RunStates
 from ivm.maintain.strategy import lookup
@@ -185,6 +186,24 @@ class Maintenance:
         feed = delta.changes(ctx.spark, name, table, where, after, upto, skip)
         return trim(name, table, feed, states.read(name, [delta.layer_path(where, after)]) if table.verified else None)
 
+    def reweigh(self, work: ViewWork) -> None:
+        """A view the crossover planned to recompute (``--mode auto``: its measured costs against the
+        change the plan saw, the log's rows) weighed again on its inputs' net deltas, which the trim has
+        given since: maintained incrementally when they say so — an empty net delta (a change and its
+        undoing, a late commit that cancels) is then nothing to do, never a recompute."""
+        ctx = self.ctx
+        cfg = ctx.config.views[work.view]
+        net = sum(t.delta_rows for t in self.plan.tables if t.table in work.changed_inputs)
+        fulls = ctx.catalog.maintain_history(work.view, Mode.FULL, 1)
+        estimate = crossover_estimate(ctx.catalog.maintain_history(work.view, Mode.INCREMENTAL, cfg.crossover.history),
+                                      fulls[0][1] if fulls else None, net, cfg.crossover)
+        if net and estimate.full:
+            return
+        work.mode, work.reason = Mode.INCREMENTAL, (
+            f"auto: the net deltas of its inputs hold {net} rows: {estimate.why}" if net else
+            "auto: the net deltas of its inputs are empty (the plan's estimate was for the log's rows)")
+        work.choice = {**work.choice, "crossover": estimate.as_dict()}
+
     def maintain(self, work: ViewWork, progress: Progress) -> None:
         """One view: the counting algorithm (DRed inside it for recursive components) or a full recompute."""
         ctx, full = self.ctx, self.full
@@ -196,7 +215,10 @@ class Maintenance:
         work.delta_in = sum(t.delta_rows for t in self.plan.tables if t.table in work.changed_inputs)
         if work.rule_change is not None:
             counting.rule_changes |= dict.fromkeys(view_predicates(program, strata, work.view), work.rule_change)
-        elif work.mode is Mode.INCREMENTAL and not any(counting.changed(u) for u in strata.upstream(work.view)):
+        elif work.mode is Mode.FULL and (work.choice or {}).get("crossover"):
+            self.reweigh(work)  # (the crossover planned on the log's rows; the trim has given the net deltas)
+        if (work.rule_change is None and work.mode is Mode.INCREMENTAL
+                and not any(counting.changed(u) for u in strata.upstream(work.view))):
             work.mode, work.reason = Mode.NOOP, "the net deltas of its inputs are empty or cancel out"
             progress(f"maintain: {work.view}: nothing to do, {work.reason}")
             return

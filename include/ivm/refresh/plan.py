@@ -1,4 +1,4 @@
-"""Stage 1, plan (DESIGN.md §5-6): fix the snapshot (the newest commit version of every base table's
+"""Stage 1, plan (docs/design.md §5-6): fix the snapshot (the newest commit version of every base table's
 log), pick the tables with changes past their watermark and the views to refresh, and decide for each
 view how: incremental (the strategy ivm.maintain.strategy chooses) or a full recompute, for the first of
 `RULES` that holds. ``ivm explain`` prints the same rules' ``when``, so its text is what the planner does.
@@ -67,7 +67,7 @@ DEFINITION_CHANGED = RecomputeRule(
                   "is maintained across the change by DRed, 000 §7)",
     lambda f: None if f.definition_changed is None else f"the definition changed{f.definition_changed}")
 
-#: the reasons for a full recompute, in the order the planner tries them (DESIGN.md §5)
+#: the reasons for a full recompute, in the order the planner tries them (docs/design.md §5)
 RULES: tuple[RecomputeRule, ...] = (
     RecomputeRule("asked", "the run is asked for --mode full",
                   lambda f: "--mode full" if f.asked is Mode.FULL else None),
@@ -150,7 +150,7 @@ def _closure(ctx: RunContext, wanted: list[str]) -> list[str]:
 
 def _plan_views(ctx: RunContext, p: Plan, wanted: list[str] | None, mode: Mode,
                 watermarks: dict[tuple[str, str], int]) -> list[ViewWork]:
-    """Which views this run refreshes, and how (DESIGN.md §5's algorithm choice, per run):
+    """Which views this run refreshes, and how (docs/design.md §5's algorithm choice, per run):
 
     * full recompute for the first of `RULES` that holds;
     * incremental across a changed definition when the view is recursive and only rules of its

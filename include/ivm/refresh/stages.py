@@ -106,7 +106,7 @@ def _report(ctx: RunContext, a: StageArgs, say: Progress) -> RefreshResult:
     return result
 
 
-#: a run's stages, in order (DESIGN.md §6)
+#: a run's stages, in order (docs/design.md §6)
 STAGES: tuple[Stage, ...] = (
     Stage("plan", _plan, spark=False, catalog_only=True),
     Stage("trim", lambda ctx, a, say: trim_stage(ctx, a.run_id, say), spark=True, idle=_trim_idle,
