@@ -126,7 +126,7 @@ def project_file() -> str:
              "of the wrong type, is refused in one line naming the key (`tables.orders.key`).", "",
              "A minimal file (everything else has its default):", "", "```yaml",
              "tables:", "  orders: {columns: {id: int, customer: string, amount: double}, key: [id]}",
-             "views:", "  per_customer: {sql: SELECT customer, sum(amount) AS total FROM orders GROUP BY customer}",
+             "views:", '  per_customer: {sql: "SELECT customer, sum(amount) AS total FROM orders GROUP BY customer"}',
              "```", ""]
     for model in _models(ProjectConfig):
         doc = inspect.cleandoc(model.__doc__ or "")

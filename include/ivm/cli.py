@@ -7,6 +7,7 @@ import argparse
 import csv
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -14,6 +15,7 @@ from collections.abc import Sequence
 from tabulate import tabulate
 
 from ivm import __version__
+from ivm.config import QUIET_JVM_ENV
 from ivm.errors import IvmError
 from ivm.modes import Mode
 
@@ -475,6 +477,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    # a JVM this command starts keeps its console out of the terminal (its warnings, Spark's log: in
+    # spark-driver.log beside the warehouse; ivm.server.project_session); -v leaves it on the terminal
+    quiet = not args.verbose and QUIET_JVM_ENV not in os.environ
+    if quiet:
+        os.environ[QUIET_JVM_ENV] = "1"
+    try:
+        return _run(args)
+    finally:
+        if quiet:  # (main called in a process that goes on: a test, a script)
+            os.environ.pop(QUIET_JVM_ENV, None)
+
+
+def _run(args) -> int:
+    """The command, its failures as one line and an exit code."""
     configure_logging(logging.INFO if args.verbose else logging.WARNING)
     started = time.perf_counter()
     try:
@@ -488,8 +504,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("ivm: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # (`ivm log list t | head`: the reader left; nothing to say)
-        import os
-
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     log.info("%s took %.2f s", args.command, time.perf_counter() - started)

@@ -26,6 +26,10 @@ from ivm.errors import ConfigError, NotFoundError
 from ivm.modes import Mode
 
 PROJECT_ENV = "IVM_PROJECT"
+#: set by the `ivm` command: a JVM the command starts writes its console (the JVM's own warnings, Spark's
+#: log) to a file beside the project's warehouse (ivm.server.project_session) instead of the terminal,
+#: which keeps ivm's lines alone — an error is one line
+QUIET_JVM_ENV = "IVM_QUIET_JVM"
 DEFAULT_PROJECT = "ivm.yaml"
 
 #: Columns ivm adds to relations and change logs; user columns may not use these names.

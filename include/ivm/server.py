@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ivm.config import ProjectConfig
+from ivm.config import QUIET_JVM_ENV, ProjectConfig
 from ivm.errors import ConfigError, SparkUnavailableError
 from ivm.spark import (
     CONNECT_PORT,
@@ -154,8 +154,11 @@ def remote_for(config: ProjectConfig) -> str | None:
 
 def project_session(config: ProjectConfig):
     """The Spark session a project's commands run on: its Spark Connect server (`remote_for`), else local
-    Spark with the project's settings, Delta's extension and jars and its views' metastore."""
-    return session(config.spark.model_copy(update={"conf": project_conf(config)}), remote=remote_for(config))
+    Spark with the project's settings, Delta's extension and jars and its views' metastore — under the
+    `ivm` command (`QUIET_JVM_ENV`), its JVM's console in ``spark-driver.log`` beside the server's log."""
+    quiet = state_dir(config).parent / "spark-driver.log" if os.environ.get(QUIET_JVM_ENV) else None
+    return session(config.spark.model_copy(update={"conf": project_conf(config)}), remote=remote_for(config),
+                   jvm_log=quiet)
 
 
 def session_for(path: str | None = None):

@@ -222,9 +222,12 @@ def is_connect(spark) -> bool:
     return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
-def session(settings: SparkSettings | None = None, app_name: str = "ivm", remote: str | None = None):
+def session(settings: SparkSettings | None = None, app_name: str = "ivm", remote: str | None = None,
+            jvm_log: Path | None = None):
     """A SparkSession: a client of the Spark Connect server ``remote`` (default `remote_address`), else
-    the active classic session, or a new local one built from the project's ``spark:`` settings."""
+    the active classic session, or a new local one built from the project's ``spark:`` settings — its
+    JVM's console (stdout and stderr: the JVM's own warnings, Spark's log) appended to ``jvm_log`` when
+    given, not the terminal."""
     settings = settings or SparkSettings()
     remote = remote or remote_address(settings)
     if remote:
@@ -243,9 +246,33 @@ def session(settings: SparkSettings | None = None, app_name: str = "ivm", remote
     for k, v in local_file_system(settings.master, with_delta({**DEFAULT_CONF, **settings.conf})).items():
         builder = builder.config(k, v)
     log.info("starting Spark (%s)", settings.master)
-    spark = builder.getOrCreate()
+    with _console_to(jvm_log):
+        spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")  # CLASSIC ONLY: the session started here is classic
     return spark
+
+
+@contextmanager
+def _console_to(path: Path | None):
+    """While a JVM starts: this process's stdout and stderr are ``path`` (appended), so the JVM, which
+    inherits them, writes its console there for its whole life; this process's own are back after."""
+    if path is None:
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    saved = [os.dup(1), os.dup(2)]
+    try:
+        os.dup2(target, 1)
+        os.dup2(target, 2)
+        yield
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, target):
+            os.close(fd)
 
 
 def reachable(remote: str, timeout: float = 2.0) -> bool:

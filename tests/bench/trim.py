@@ -66,7 +66,7 @@ def project(root: Path, name: str, view: str, where: dict[str, str], verify: boo
                           "mode": "incremental"}}}, sort_keys=False))
     p = Project.open(str(folder / "ivm.yaml"))
     p.apply()
-    p.refresh()
+    p.refresh(mode="full")  # (the first materialization)
     return p
 
 

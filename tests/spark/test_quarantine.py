@@ -118,3 +118,21 @@ def test_on_bad_change_quarantine_sets_bad_commits_aside_with_the_run(make_proje
     assert "set aside version 3 (row (id=9, owner='zed', balance=1): delete of a row that is not there)" in trim
     code, out, _ = run(capsys, "runs", "--project", str(Path(p.config.root) / "ivm.yaml"))
     assert "set aside acct commit 1: row (id=1, owner='ann', balance=99)" in out
+
+
+def test_a_range_of_set_aside_commits_alone_is_nothing_to_do(poisoned):
+    """#68 item 4: once the commits past the watermark that apply are refreshed, a range holding only
+    quarantined commits gives the trim nothing: the refresh plans no table and no view (it records no run
+    and would start no Spark), and a later commit's refresh still skips the quarantined one."""
+    p = poisoned
+    p.quarantine("acct", 2, reason="not ours")
+    p.quarantine("acct", 3, reason="not ours either")
+    assert p.refresh().status == "succeeded"  # commit 1
+    p.append("acct", commit(Path(p.config.root) / "c4.jsonl", ("delete", 8, "yz", 1)))
+    p.quarantine("acct", 4, reason="a third")
+    quiet = p.refresh()
+    assert (quiet.status, quiet.run_id, quiet.tables, quiet.views) == ("noop", None, [], [])
+    p.append("acct", commit(Path(p.config.root) / "c5.jsonl", ("insert", 4, "di", 2)))
+    assert p.refresh().status == "succeeded"
+    assert contents(p, "acct") == Counter({(1, "ann", 10): 1, (2, "bob", 5): 1, (4, "di", 2): 1})
+    assert_views_recomputed(p)

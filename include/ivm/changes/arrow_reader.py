@@ -78,6 +78,32 @@ def read_snapshot(table: TableConfig, path: str, time_zone: str = "UTC") -> pa.T
     return _read(file_format(path), table, path, (), time_zone, changes=False)
 
 
+def check_columns(name: str, table: TableConfig, path: str, fmt: str = "cdf", optional: Collection[str] = (),
+                  changes: bool = True) -> None:
+    """A local file's columns against the table's, before Spark starts (a misspelt column answered in
+    milliseconds, not after a JVM's start): a CSV's header, a Parquet file's schema, the keys of small JSON
+    lines — the check Spark's reader makes (`check_file_columns`), in its words. Debezium events, large
+    JSON lines (any line may name a column) and remote files are Spark's to check."""
+    if fmt == "debezium" or "://" in path or not Path(path).is_file():
+        return
+    kind = file_format(path)
+    try:
+        if kind == "csv":
+            with open(path, newline="", encoding="utf-8") as f:
+                names = next(csv.reader(f), [])
+        elif kind == "parquet":
+            names = pq.read_schema(path).names
+        elif os.path.getsize(path) <= APPEND_WITHOUT_JVM_MB * 2**20:
+            names = _json_lines(path)[0]
+            if not names:  # (no line names a column: Spark's reader decides)
+                return
+        else:
+            return
+    except (_Decline, ValueError, UnicodeError, csv.Error, pa.ArrowException, OSError):
+        return  # (a file pyarrow or Python cannot read: Spark's reader words what is wrong)
+    check_file_columns(name, table, names, {CHANGE_TYPE, COMMIT_VERSION} if changes else set(), path, optional)
+
+
 def _read(fmt: str, table: TableConfig, path: str, optional: Collection[str], time_zone: str,
           changes: bool) -> pa.Table | None:
     if "://" in path or not Path(path).is_file() or os.path.getsize(path) > APPEND_WITHOUT_JVM_MB * 2**20:

@@ -117,6 +117,7 @@ def append_log(spark: Callable[[], SparkSession], catalog: Catalog, warehouse: W
     earlier = catalog.appended_segment(name, path, digest)
     if earlier is not None:
         return AppendResult(name, None, 0, duplicate_of=earlier)
+    arrow_reader.check_columns(name, table, path, fmt, optional)  # (before Spark starts)
     local = arrow_reader.read(fmt, table, path, optional, time_zone)
     if local is not None:
         return _append_arrow(catalog, warehouse, name, table, local, path, fmt, digest)
@@ -265,6 +266,7 @@ def load_snapshot(spark: Callable[[], SparkSession], catalog: Catalog, warehouse
     if state.layers or catalog.last_commit_version(name) > 0:
         raise ChangeDataError(f"table {name} already has data or changes; append changes to its log instead")
     check_path(path)
+    arrow_reader.check_columns(name, table, path, changes=False)  # (before Spark starts)
     local = arrow_reader.read_snapshot(table, path, time_zone)
     if local is not None:
         rows, written = local.num_rows, _load_arrow(warehouse, name, table, path, local, run_id)

@@ -124,12 +124,27 @@ def plan(ctx: RunContext, views: list[str] | None = None, mode: str = Mode.AUTO,
         wm = watermarks.get((name, name), 0)
         if newest > wm and name in read:
             where = ctx.source_location(name)
-            rows = sum(s.rows for s in catalog.segments(name, wm, newest)) if where is None else (
-                delta.change_rows(where, name, delta.delta_version(wm), delta.delta_version(newest)) if wm
-                else delta.rows_at(where, name, delta.delta_version(newest)))
+            if where is None:
+                live = _live_segments(catalog, name, wm, newest)
+                if not live:  # (every commit past the watermark set aside: nothing to trim, no Spark)
+                    continue
+                rows = sum(s.rows for s in live)
+            else:
+                rows = (delta.change_rows(where, name, delta.delta_version(wm), delta.delta_version(newest)) if wm
+                        else delta.rows_at(where, name, delta.delta_version(newest)))
             p.tables.append(TableDelta(name, wm, newest, rows))
     p.views = _plan_views(ctx, p, views, mode, watermarks)
     return p
+
+
+def _live_segments(catalog, table: str, after: int, upto: int) -> list:
+    """The log segments of (after, upto] that hold a commit not set aside (`ivm log quarantine`): a range
+    whose every commit was quarantined gives the trim nothing, and the table is left out of the run (its
+    watermark stays; a later commit's trim skips the quarantined ones as always)."""
+    aside = {q.commit_version for q in catalog.quarantined(table)}
+    return [s for s in catalog.segments(table, after, upto)
+            if not all(v in aside for v in range(max(s.min_commit_version, after + 1),
+                                                  min(s.max_commit_version, upto) + 1))]
 
 
 def _newest(ctx: RunContext, table: str) -> int:
