@@ -15,6 +15,7 @@ venv: $(VENV)/.installed $(LOCAL_FS_JAR) $(JARS)
 # process — 2.3 s of `ivm runs`' 3.7 s, and again in each spark-submit and Airflow task process
 UV := $(BIN)/uv pip install --quiet --python $(BIN)/python
 $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
+	@echo "== .venv: the pinned Python packages (requirements-dev.txt: pyspark, Airflow, ...; about 1.9 GB installed, 1-2 minutes once)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet uv==0.13.9
 	$(UV) --compile-bytecode -r requirements-dev.txt
@@ -26,6 +27,7 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 # without Maven sets `spark.jars.packages` instead (README, "Delta Lake").
 $(JARS): include/ivm/jvm/pom.xml
 	@command -v mvn >/dev/null || { echo "mvn not found: install Maven to fetch Delta Lake's jars" >&2; exit 1; }
+	@echo "== Delta Lake's jars with Maven (include/ivm/jvm/pom.xml; about 90 MB once)"
 	rm -rf $(dir $@) && mvn -q -B -Dstyle.color=never -f $< dependency:copy-dependencies -DincludeScope=runtime \
 	  -DoutputDirectory=$(abspath $(dir $@)) && touch $@ && echo "resolved $$(ls $(dir $@) | wc -l) jars into $(dir $@)"
 
@@ -40,6 +42,7 @@ $(LOCAL_FS_JAR): include/ivm/jvm/NioLocalFileSystem.java $(VENV)/.installed
 	else echo "no javac: $@ not built (local Spark keeps Hadoop's local file system)"; fi
 
 demo: venv
+	@echo "== the demo (include/views/demo/demo.py): about 2-3 minutes; each step prints its seconds"
 	$(BIN)/python include/views/demo/demo.py
 
 # The README's test command runs the suite in two passes (tests/conftest.py's `--spark-pass` says which

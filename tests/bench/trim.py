@@ -61,12 +61,12 @@ def project(root: Path, name: str, view: str, where: dict[str, str], verify: boo
                                                   "spark.driver.memory": DRIVER_MEMORY}},
         "storage": {"compact_max_layers": 100, "delta_views": False},
         "tables": tables, "views": {view: {"sql": TPCH_VIEWS[view], "validate": {"sample": 0},
-                          # (always from the deltas: under `auto` the crossover may recompute instead, and the
+                          # (always from the deltas: past its crossover `auto` recomputes instead, and the
                           # feed is then not read at all)
-                          "mode": "incremental"}}}, sort_keys=False))
+                          "crossover": {"enabled": False}}}}, sort_keys=False))
     p = Project.open(str(folder / "ivm.yaml"))
     p.apply()
-    p.refresh(mode="full")  # (the first materialization)
+    p.refresh()  # (the first materialization)
     return p
 
 

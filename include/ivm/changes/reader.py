@@ -217,8 +217,10 @@ def read_cdf(spark: SparkSession, name: str, table: TableConfig, path: str,
 def read_debezium(spark: SparkSession, name: str, table: TableConfig, path: str,
                   optional: Collection[str] = ()) -> DataFrame:
     """Debezium change events: c/r insert ``after``, d deletes ``before``, u gives ``before`` as the
-    update preimage and ``after`` as the postimage (key changes included). Tombstones (empty or
-    ``null`` lines) are skipped. The commit version is ``source.lsn``, else ``ts_ms``."""
+    update preimage and ``after`` as the postimage (key changes included); on a keyed table a ``before``
+    with the key alone (the other fields null) or none at all (an update) names the row by its key.
+    Tombstones (empty or ``null`` lines, a wrapper whose payload is null) are skipped. The commit version
+    is ``source.lsn``, else ``ts_ms``."""
     check_path(path)
     text = _read_json_lines(spark, path).where(F.trim("value") != "null")
     # a tombstone is a null message, or a Kafka Connect wrapper whose payload is null
@@ -250,6 +252,17 @@ def read_debezium(spark: SparkSession, name: str, table: TableConfig, path: str,
     image = F.when(use_before, F.col("__p.before")).otherwise(F.col("__p.after"))
     parsed = {c: image.getField(c) for c in table.columns}
     raw_present = {c: F.get_json_object(image_json, f"$.{c}").isNotNull() for c in table.columns}
+    if table.keyed:
+        # an update without a before image (PostgreSQL's default replica identity, MySQL's minimal row
+        # image): its preimage is the key alone, taken from the after image — the trim removes the row
+        # that key holds (ivm.changes.trim); a keyless table has no such row to name
+        no_before = use_before & (op == "u") & F.get_json_object("__env", "$.before").isNull()
+        after_json = F.get_json_object("__env", "$.after")
+        for c in table.key:
+            parsed[c] = F.when(no_before, F.col("__p.after").getField(c)).otherwise(parsed[c])
+            raw_present[c] = F.when(no_before, F.get_json_object(after_json, f"$.{c}").isNotNull()
+                                    ).otherwise(raw_present[c])
+        image_json = F.when(no_before, after_json).otherwise(image_json)
     cols, checks = _typed_columns(ev, name, table, raw_present, parsed)
     version = F.coalesce(F.col("__p.source.lsn"), F.col("__p.ts_ms"), F.col("__p.source.ts_ms"))
     checks = [
