@@ -124,6 +124,10 @@ class StorageSettings(_Model):
     #: with ``delta_views``: a view whose published layers hold at most this many MiB (and no nested
     #: column) is written to its Delta table by delta-rs, whole, without a JVM (0: always through Spark)
     sink_without_jvm_mb: float = Field(default=64.0, ge=0)
+    #: a view's Delta table changed by another writer since ivm's last write (a notebook's UPDATE, a
+    #: mistaken INSERT): ``rewrite`` brings it back to the view on the next write, row by row, with a
+    #: warning naming the outside commit; ``fail`` refuses to write it, in one line with the way out
+    on_outside_write: Literal["rewrite", "fail"] = "rewrite"
 
 
 class LineageSettings(_Model):

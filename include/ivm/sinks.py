@@ -48,7 +48,7 @@ from ivm.catalog.store import StageRecord
 from ivm.changes import delta
 from ivm.config import COUNT_COLUMN, resolve_location
 from ivm.context import RunContext
-from ivm.errors import ConfigError, IvmError, one_line
+from ivm.errors import ChangeDataError, ConfigError, IvmError, one_line
 from ivm.spark import spark_errors
 from ivm.storage import SPARK_SCHEMA
 from ivm.zset import consolidate, negate, quote
@@ -63,6 +63,8 @@ class SinkWrite:
     how: str  # merge | overwrite | current
     delta_version: int | None
     seconds: float
+    #: another writer's commit the write undid (`outside_write`)
+    outside: dict | None = None
 
 
 def location(ctx: RunContext, view: str) -> str:
@@ -150,6 +152,54 @@ class _Route:
     #: a small keyless bag's change for delta-rs: (copies it gains, rows that lose copies), pyarrow Tables;
     #: (None, None) for all its rows into an empty table
     bag: tuple | None = None
+    #: a commit of another writer since ivm's last (`outside_write`): the table is brought back to the view
+    #: from its whole state
+    outside: dict | None = None
+
+
+#: Delta operations that change no row — a table's upkeep, by ivm or anyone: never an outside write
+NO_DATA_CHANGE = frozenset({"CREATE TABLE", "OPTIMIZE", "VACUUM START", "VACUUM END", "SET TBLPROPERTIES",
+                            "UNSET TBLPROPERTIES", "ADD CONSTRAINT", "DROP CONSTRAINT", "UPGRADE PROTOCOL",
+                            "REORG", "ADD COLUMNS", "CHANGE COLUMN"})
+
+
+def outside_write(sink, view: str, since: int | None) -> dict | None:
+    """The first commit of a view's Delta table after version ``since`` (the one ivm's last sink wrote)
+    that changed rows and is not ivm's (its ``userMetadata`` names no ivm run of this view): a notebook's
+    UPDATE, a mistaken INSERT. None when ``since`` is unknown (never written by ivm), when every commit
+    since is ivm's or changes no row (`NO_DATA_CHANGE`), or when a RESTORE to ``since`` undid the ones
+    before it. From the Delta log (delta-rs): no JVM."""
+    if sink is None or since is None or sink.version() <= since:
+        return None
+    found = None
+    for h in sorted(sink.history(sink.version() - since), key=lambda h: h["version"]):
+        operation = h.get("operation")
+        if operation == "RESTORE" and str((h.get("operationParameters") or {}).get("version")) == str(since):
+            found = None  # (restored to ivm's own version: what came between is undone)
+        elif not (h["version"] <= since or operation in NO_DATA_CHANGE or _ours(h.get("userMetadata"), view)):
+            found = found or {"delta_version": h["version"], "operation": operation, "timestamp": h.get("timestamp")}
+    return found
+
+
+def _ours(metadata: str | None, view: str) -> bool:
+    try:
+        return json.loads(metadata or "{}").get("ivm", {}).get("view") == view
+    except (ValueError, AttributeError):
+        return False
+
+
+def _outside(ctx: RunContext, view: str, where: str, sink) -> dict | None:
+    """`outside_write` of the view's table since ivm's last sink of it; under ``storage.on_outside_write:
+    fail`` a refusal in one line, with the way out."""
+    record = ctx.catalog.latest_stage("sink", view)
+    found = outside_write(sink, view, record.detail.get("delta_version") if record is not None else None)
+    if found is not None and ctx.config.storage.on_outside_write == "fail":
+        raise ChangeDataError(
+            f"view {view}: its Delta table {where} was changed outside ivm at Delta version {found['delta_version']} "
+            f"({found['operation']}); not written (storage.on_outside_write: fail). Restore it (RESTORE TABLE "
+            f"delta.`{where}` TO VERSION AS OF {record.detail['delta_version']}) or set on_outside_write: rewrite; "
+            "the next `ivm refresh` writes it")
+    return found
 
 
 def _route(ctx: RunContext, view: str, previous: int | None, delta_path: str | None, full: bool) -> _Route:
@@ -159,13 +209,15 @@ def _route(ctx: RunContext, view: str, previous: int | None, delta_path: str | N
     now = None if sink is None else sink.transaction_version(app_id(view))
     if now == version:
         return _Route("current", None, None)
+    outside = _outside(ctx, view, where, sink)
     small = small_layers(ctx, view)
     schema = StructType([f for f in small[1].fields if f.name != COUNT_COLUMN]) if small else ctx.schema(view)
     key = merge_key(ctx, view, schema)
     # (a view whose columns changed, ivm.evolution; or a table from an older ivm whose nested types were
     # not all nullable: written whole, once)
     whole = sink is not None and _columns(sink) != [(f.name, _nullable(f.dataType)) for f in schema.fields]
-    stale = full or delta_path is None or now is None or now != previous
+    # (another writer's commit: the whole state against the table, which undoes it row by row)
+    stale = full or delta_path is None or now is None or now != previous or outside is not None
     # a small keyless bag's change, read from its delta layer (or its whole state into an empty table)
     bag = None
     if small is not None and not key and not whole:
@@ -173,12 +225,12 @@ def _route(ctx: RunContext, view: str, previous: int | None, delta_path: str | N
                (None, None) if sink is None or not sink.get_add_actions(flatten=True).num_rows else None)
     changed = None if stale else delta_path
     if small is not None and (key or whole or bag is not None):
-        return _Route("small", schema, None if whole else key, changed, bag)
+        return _Route("small", schema, None if whole else key, changed, bag, outside)
     if whole or (not key and not _comparable(schema)):
-        return _Route("overwrite", schema, key)
+        return _Route("overwrite", schema, key, outside=outside)
     if not key:
-        return _Route("merge (copies)", schema, None, changed)
-    return _Route("merge" if changed else "merge (whole state)", schema, key, changed)
+        return _Route("merge (copies)", schema, None, changed, outside=outside)
+    return _Route("merge" if changed else "merge (whole state)", schema, key, changed, outside=outside)
 
 
 def without_jvm(ctx: RunContext, view: str, previous: int | None, delta_path: str | None, full: bool) -> bool:
@@ -212,7 +264,11 @@ def write_view(ctx: RunContext, view: str, previous: int | None, delta_path: str
     elif how != "current":
         _merge(ctx, view, where, route.key, route.delta_path, version, metadata)
     dt = _delta_table(where)
-    out = SinkWrite(view, where, how, dt.version() if dt is not None else None, time.perf_counter() - started)
+    out = SinkWrite(view, where, how, dt.version() if dt is not None else None, time.perf_counter() - started,
+                    route.outside)
+    if route.outside is not None:
+        log.warning("sink %s: its Delta table was changed outside ivm at Delta version %s (%s): brought back to "
+                    "the view", view, route.outside["delta_version"], route.outside["operation"])
     log.info("sink %s: %s at %s, Delta version %s (%.2f s)", view, how, where, out.delta_version, out.seconds)
     return out
 
@@ -488,7 +544,10 @@ def write_views(ctx: RunContext, run_id: str, views: list[tuple[str, int | None,
         w = write_view(ctx, view, previous, delta_path, full, commit_metadata(ctx, run_id, snapshot, view))
         ctx.catalog.save_stage(run_id, StageRecord("sink", view, seconds=round(w.seconds, 3), detail={
             "location": w.location, "how": w.how, "delta_version": w.delta_version,
-            "view_version": ctx.catalog.state(view).version_id}))
+            "view_version": ctx.catalog.state(view).version_id, "outside_write": w.outside}))
+        if w.outside is not None:
+            progress(f"sink: {view}: warning: its Delta table was changed outside ivm at Delta version "
+                     f"{w.outside['delta_version']} ({w.outside['operation']}); brought back to the view")
         progress(f"sink: {view}: {w.how} -> {w.location} (Delta version {w.delta_version}, {w.seconds:.2f} s)")
         done.append(w)
     return done
