@@ -56,10 +56,12 @@ def project(make_project, tmp_path):
 def test_key_only_deletes_and_before_less_updates_as_postgresql_sends_them(project, tmp_path):
     p = project
     p.append("t", events(tmp_path / "pg.jsonl",
+                         {"status": "BEGIN", "id": "571:53195832", "event_count": None},
                          ev("d", 100, {"k": 1, "v": None, "name": None}, None),        # REPLICA IDENTITY DEFAULT
                          ev("u", 101, None, {"k": 2, "v": 25, "name": "c"}),            # no before image
                          ev("u", 102, {"k": 3, "v": 30, "name": "a"}, {"k": 3, "v": 31, "name": "a"}),  # FULL
                          ev("c", 103, None, {"k": 4, "v": 40, "name": "b"}),
+                         {"status": "END", "id": "571:53195832", "event_count": 4},  # (transaction metadata)
                          wrap=True), "debezium")
     tomb = events(tmp_path / "tomb.jsonl", ev("d", 104, {"k": 4, "v": None, "name": None}, None))
     Path(tomb).write_text(Path(tomb).read_text() + "null\n")  # (Kafka's tombstone after a delete: skipped)

@@ -219,8 +219,8 @@ def read_debezium(spark: SparkSession, name: str, table: TableConfig, path: str,
     """Debezium change events: c/r insert ``after``, d deletes ``before``, u gives ``before`` as the
     update preimage and ``after`` as the postimage (key changes included); on a keyed table a ``before``
     with the key alone (the other fields null) or none at all (an update) names the row by its key.
-    Tombstones (empty or ``null`` lines, a wrapper whose payload is null) are skipped. The commit version
-    is ``source.lsn``, else ``ts_ms``."""
+    Tombstones (empty or ``null`` lines, a wrapper whose payload is null) and transaction metadata
+    records (BEGIN/END) are skipped. The commit version is ``source.lsn``, else ``ts_ms``."""
     check_path(path)
     text = _read_json_lines(spark, path).where(F.trim("value") != "null")
     # a tombstone is a null message, or a Kafka Connect wrapper whose payload is null
@@ -228,6 +228,10 @@ def read_debezium(spark: SparkSession, name: str, table: TableConfig, path: str,
     text = text.where(~(wrapped & F.get_json_object("value", "$.payload").isNull()))
     envelope = F.when(wrapped, F.get_json_object("value", "$.payload")).otherwise(F.col("value"))
     text = text.withColumn("__env", envelope)
+    # Debezium's transaction metadata (`provide.transaction.metadata`): BEGIN/END records beside the
+    # events, with a status and no op, are not changes (an event's own `transaction` block is ignored too)
+    text = text.where(~(F.get_json_object("__env", "$.status").isin("BEGIN", "END")
+                        & F.get_json_object("__env", "$.op").isNull()))
     for image in ("before", "after"):
         image_json = F.get_json_object("__env", f"$.{image}")
         _json_fields(text.where(image_json.isNotNull()), name, table, image_json, set(), f"{path} ({image})",
