@@ -41,7 +41,7 @@ def lake(spark, tmp_path) -> str:
 def test_each_refresh_sends_its_inputs_and_outputs_with_their_versions(make_project, spark, lake, tmp_path):
     file = tmp_path / "lineage.jsonl"
     tables = {**TABLES, "events": {"columns": {"k": "int", "kind": "string"}, "source": {"delta": lake}}}
-    p = make_project(tables, views=VIEWS, storage={"delta_views": True},
+    p = make_project(tables, views=VIEWS, storage={"delta_views": True}, name="lineage",
                      lineage={"namespace": "analytics", "transport": {"type": "file", "log_file_path": str(file),
                                                                       "append": True}})
     p.load("t", write_jsonl(tmp_path / "t0.jsonl", ["k", "v"], [(1, 10), (2, 10), (3, 20)]))

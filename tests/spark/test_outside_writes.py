@@ -32,7 +32,9 @@ def state(p, view: str) -> Counter:
 
 @pytest.mark.parametrize("sink_without_jvm_mb", [64, 0], ids=["delta-rs", "spark"])
 def test_an_outside_write_is_undone_with_a_warning(make_project, spark, tmp_path, sink_without_jvm_mb):
-    p = make_project(TABLES, views=VIEWS, storage={"delta_views": True, "sink_without_jvm_mb": sink_without_jvm_mb})
+    # (a name of its own: a Spark Connect server's catalog is shared by the tests that run on it)
+    p = make_project(TABLES, views=VIEWS, name=f"outside_{sink_without_jvm_mb}",
+                     storage={"delta_views": True, "sink_without_jvm_mb": sink_without_jvm_mb})
     p.load("t", write_jsonl(tmp_path / "t.jsonl", ["k", "v"], [(1, 10), (2, 10), (3, 20)]))
     p.refresh()
     for view in VIEWS:
@@ -56,7 +58,7 @@ def test_an_outside_write_is_undone_with_a_warning(make_project, spark, tmp_path
 
 
 def test_on_outside_write_fail_refuses_in_one_line_until_the_table_is_restored(make_project, spark, tmp_path):
-    p = make_project(TABLES, views={"per_v": VIEWS["per_v"]},
+    p = make_project(TABLES, views={"per_v": VIEWS["per_v"]}, name="outside_fail",
                      storage={"delta_views": True, "on_outside_write": "fail"})
     p.load("t", write_jsonl(tmp_path / "t.jsonl", ["k", "v"], [(1, 10), (2, 20)]))
     p.refresh()
