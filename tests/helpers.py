@@ -403,17 +403,22 @@ def keyed_state(draw, tables: dict = KEYED) -> dict[str, dict]:
 @st.composite
 def keyed_batch(draw, state: dict[str, dict]) -> dict[str, list[tuple[str, tuple]]]:
     """Per table, each key at most once: insert an absent key, delete or update (new non-key values,
-    key kept) a present one."""
+    key kept) a present one. A delete's or preimage's image is the whole stored row, or — as a CDC
+    producer sends it by default (PostgreSQL's replica identity, MySQL's minimal row image) — the key
+    alone, its other columns NULL (#69): drawn per change, so a batch mixes both."""
     out = {}
     for table, rows in state.items():
         changes = []
         for k in draw(st.sets(st.sampled_from(list(KEYS[table])))):
+            before = (k, *rows[k]) if k in rows else None
+            if before is not None and draw(st.booleans()):  # (the key alone)
+                before = (k, *[None] * len(rows[k]))
             if k not in rows:
                 changes.append(("insert", (k, *draw(KEYED_ROWS[table]))))
             elif draw(st.booleans()):
-                changes.append(("delete", (k, *rows[k])))
+                changes.append(("delete", before))
             else:
-                changes += [("update_preimage", (k, *rows[k])), ("update_postimage", (k, *draw(KEYED_ROWS[table])))]
+                changes += [("update_preimage", before), ("update_postimage", (k, *draw(KEYED_ROWS[table])))]
         if changes:
             out[table] = changes
     return out
