@@ -16,7 +16,7 @@ without its partner — before anything is applied (the caller drops what it wro
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -138,7 +138,7 @@ def _stored_at(snapshot: DataFrame, touched: DataFrame, columns: list[str], stor
 
 
 def _keyed(events: DataFrame, snapshot: DataFrame | None, table: TableConfig, stored_rows: int, small: bool,
-           bounds: KeyBounds | None, keys: tuple[list, bool] | None) -> DataFrame:
+           bounds: KeyBounds | None, keys: tuple[list, bool] | None, added: Collection[str] = ()) -> DataFrame:
     """The events of a table with a primary key, after its stored rows, each with its problem (no
     ``snapshot``: a trusted feed, `_trusted_keyed`)."""
     if snapshot is None:
@@ -178,12 +178,26 @@ def _keyed(events: DataFrame, snapshot: DataFrame | None, table: TableConfig, st
     problem = (F.when(F.col(IS_OLD), None)
                 .when(F.col("__pairing").isNotNull(), F.col("__pairing"))
                 .when((sign < 0) & ~present, F.concat(F.col(CHANGE_TYPE), F.lit(" of a row that is not there")))
-                .when((sign < 0) & ~key_only & ~prev_row.eqNullSafe(F.col(ROW)),
+                .when((sign < 0) & ~key_only & ~_matches(columns, added),
                       F.concat(F.col(CHANGE_TYPE), F.lit(" does not match the stored row "), F.to_json(prev_row)))
                 .when((sign > 0) & present,
                       F.concat(F.col(CHANGE_TYPE), F.lit(" of a key that exists (stored row "), F.to_json(prev_row),
                                F.lit(")"))))
     return timeline.withColumn(PROBLEM, problem)
+
+
+def _matches(columns: list[str], added: Collection[str]) -> Column:
+    """Whether a removal's row is the row before it in its key's chain: equal column by column, NULL-safe —
+    but a column the table gained since it held data (``added``, ivm.evolution) that the removal leaves
+    NULL is not given (a producer still writing the older schema's columns), and matches any value."""
+    if not added:
+        return F.col(PREV_ROW).eqNullSafe(F.col(ROW))
+    found = F.lit(True)
+    for c in columns:
+        mine, stored = F.col(ROW).getField(c), F.col(PREV_ROW).getField(c)
+        same = stored.eqNullSafe(mine)
+        found = found & ((same | mine.isNull()) if c in added else same)
+    return found
 
 
 def _key_only(columns: list[str], key: list[str]) -> Column:
@@ -314,7 +328,7 @@ def _observed(o: Observation) -> dict | None:
 
 def trim(name: str, table: TableConfig, log: DataFrame, snapshot: DataFrame | None, stored_rows: int = 0,
          update_images: bool = True, small: bool = False, bounds: KeyBounds | None = None,
-         keys: tuple[list, bool] | None = None) -> NetDelta:
+         keys: tuple[list, bool] | None = None, added: Collection[str] = ()) -> NetDelta:
     """The net delta of ``log`` (the changes in the refresh's range, in any order) against ``snapshot``
     (the table's current layers, unconsolidated; ``stored_rows`` of them: a large table gets a skipping
     filter; None: ``log`` is a feed trusted to apply, a Delta source's without ``verify_changes``, and no
@@ -324,6 +338,8 @@ def trim(name: str, table: TableConfig, log: DataFrame, snapshot: DataFrame | No
     keys fall in `skip_column`, as its segments recorded (None: found from the log by a query).
     ``keys``: for a small change, the log's values of `skip_column` and whether one is NULL, as the
     driver read them from its segments (`ivm.changes.ingest.log_keys`; None: found by the plan).
+    ``added``: the columns a keyed table gained since it held data (ivm.evolution): a removal that
+    leaves one NULL matches the stored row on the others (a file of the older schema).
 
     The check rides on the delta's plan (one action computes both; a check and a write apart took a
     second pass over a cached timeline): the caller writes ``delta``, then calls ``check()``, and drops
@@ -333,7 +349,8 @@ def trim(name: str, table: TableConfig, log: DataFrame, snapshot: DataFrame | No
     # (a keyed table's events carry its key beside the row, not every column twice: half the shuffle)
     events = _events(one_partition(log) if small else log, list(table.columns), list(table.key or table.columns),
                      update_images)
-    annotated = (_keyed if table.keyed else _unkeyed)(events, snapshot, table, stored_rows, small, bounds, keys)
+    annotated = (_keyed(events, snapshot, table, stored_rows, small, bounds, keys, added) if table.keyed
+                 else _unkeyed(events, snapshot, table, stored_rows, small, bounds, keys))
     bad = F.col(PROBLEM).isNotNull()
     first = F.struct(*[F.col(ROW).getField(c).alias(c) for c in table.columns], F.col(COMMIT_VERSION), F.col(PROBLEM))
     observed = Observation(f"trim {name}")

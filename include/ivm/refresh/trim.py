@@ -106,6 +106,8 @@ def trim_table(ctx: RunContext, run_id: str, item: TableDelta) -> Callable[[], T
     bounds = log_bounds(table, [s.key_bounds for s in segments])
 
     small = item.log_rows > 0 and small_change(item.log_rows, ctx.config.spark.single_partition_rows)
+    # (columns gained since the table held data: an older-schema file's removal leaves them NULL)
+    added = ctx.catalog.table_defs()[name].added_columns or []
 
     def net_delta(skipped: set[int]) -> NetDelta:
         changes = read_log(spark, table, segments, item.from_version, item.to_version, skipped)
@@ -114,7 +116,8 @@ def trim_table(ctx: RunContext, run_id: str, item: TableDelta) -> Callable[[], T
         keys = log_keys(ctx.warehouse, table, segments, item.from_version, item.to_version, skipped) \
             if small else None
         return trim(name, table, changes, current, sum(x.rows or 0 for x in layers),
-                    update_images=has_update_images(ctx.warehouse, segments), small=small, bounds=bounds, keys=keys)
+                    update_images=has_update_images(ctx.warehouse, segments), small=small, bounds=bounds, keys=keys,
+                    added=added)
 
     def run() -> TableDelta:
         _stage_skipping(ctx, run_id, item, skip, net_delta)
