@@ -152,7 +152,7 @@ def test_the_sink_of_small_views_runs_on_the_worker(make_project, monkeypatch, t
         spark_stage(monkeypatch, stage, "small", path, exit_code=None)
     run_catalog_stage(command("publish", "small", path))
     monkeypatch.setattr(SparkSubmitOperator, "execute", lambda self, context: pytest.fail("a spark-submit"))
-    monkeypatch.setattr("ivm.context.session", lambda *a, **k: pytest.fail("the worker started Spark"))
+    monkeypatch.setattr("ivm.context.project_session", lambda *a, **k: pytest.fail("the worker started Spark"))
     op = SparkStageOperator(task_id="sink", application="ivm_stage.py", application_args=command("sink", "small", path))
     # a sink that fails after the commit point fails its task, not the published run (a retry completes it)
     with monkeypatch.context() as m:

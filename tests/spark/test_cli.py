@@ -63,7 +63,7 @@ def test_the_same_project_file_applied_again_starts_no_spark(capsys, tmp_path, s
     assert main(["apply", "--project", path]) == 0
     capsys.readouterr()
     started = []
-    monkeypatch.setattr(context, "session", lambda *a, **k: started.append(1) or spark)
+    monkeypatch.setattr(context, "project_session", lambda *a, **k: started.append(1) or spark)
     code, out, _ = run(capsys, "apply", "--project", path)
     assert code == 0 and out.startswith("nothing changed: the project file is as applied at ") and not started
     assert run(capsys, "apply", "--recheck", "--project", path)[:2] == (0, "nothing changed\ncatalog: sqlite:///"

@@ -321,7 +321,7 @@ def test_views_are_found_by_name_shown_without_a_jvm_and_announced_when_changed(
         ours = p.read(view)
         rows = [tuple(r) for r in ours.orderBy(*ours.columns).collect()]
         assert [tuple(d.values()) for d in sinks.read_without_jvm(p.ctx, view).to_pylist()] == rows, view
-    monkeypatch.setattr("ivm.context.session", lambda *a, **k: pytest.fail("ivm show started Spark"))
+    monkeypatch.setattr("ivm.context.project_session", lambda *a, **k: pytest.fail("ivm show started Spark"))
     assert main(["show", "big", "--format", "csv", "--project", str(p.config.root)]) == 0
     assert capsys.readouterr().out.splitlines() == ["id,cust,amount", "1,ann,70.00"]
     monkeypatch.undo()
