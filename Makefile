@@ -24,7 +24,7 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 
 # Delta Lake's jars (include/ivm/jvm/pom.xml) with the machine's Maven client, from the registry it is set
 # up for; ivm's Spark sessions and spark-submits load them (ivm.spark.delta_jars). A user on a machine
-# without Maven sets `spark.jars.packages` instead (README, "Delta Lake").
+# without Maven sets `spark.jars.packages` instead (docs/guide.md, "Delta Lake").
 $(JARS): include/ivm/jvm/pom.xml
 	@command -v mvn >/dev/null || { echo "mvn not found: install Maven to fetch Delta Lake's jars" >&2; exit 1; }
 	@echo "== Delta Lake's jars with Maven (include/ivm/jvm/pom.xml; about 90 MB once)"

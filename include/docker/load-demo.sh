@@ -3,7 +3,7 @@
 #
 #   docker compose exec airflow-scheduler /opt/airflow/include/docker/load-demo.sh
 #
-# then trigger ivm_refresh to materialize the views (README, "docker-compose"). One `ivm load` per table.
+# then trigger ivm_refresh to materialize the views (docs/operations.md, "docker-compose"). One `ivm load` per table.
 set -euo pipefail
 data=/opt/airflow/include/views/demo/data
 for spec in flight:flight.csv res:res.jsonl link:link.csv page_view:page_view.csv passenger:passenger.jsonl \

@@ -117,7 +117,7 @@ class StorageSettings(_Model):
     #: publish every view as a Delta table (its ``sink``; ivm.sinks) after each refresh that changed it
     delta_views: bool = True
     #: with ``delta_views``: `ivm apply` registers each view's Delta table in the Spark catalog as
-    #: ``<database>.<view>`` (README "Delta Lake", "Found by name")
+    #: ``<database>.<view>`` (docs/guide.md "Delta Lake", "Found by name")
     register_views: bool = True
     #: the Spark catalog database of the views (default: the project's ``name``)
     database: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -131,7 +131,7 @@ class StorageSettings(_Model):
 
 
 class LineageSettings(_Model):
-    """OpenLineage run events of `ivm refresh` and `ivm backfill` (ivm.lineage; README "Lineage"). The
+    """OpenLineage run events of `ivm refresh` and `ivm backfill` (ivm.lineage; docs/guide.md "Lineage"). The
     DAG's tasks report theirs through Airflow's OpenLineage provider, configured as Airflow configures it."""
 
     #: the job namespace of the project's runs (their job: ``<project>.refresh`` / ``<project>.backfill``)

@@ -1,7 +1,7 @@
 """A project's dataflow as a picture: its tables on the left, its views to the right of what they read, one
 column per stratum (the order a refresh maintains them in), each view labelled with the algorithm that
 maintains it (`ivm explain`), each arrow a table or view a view reads directly. The demo draws it
-(README's picture); `draw` writes any project's as a PNG (matplotlib, no display needed)."""
+(the README's picture); `draw` writes any project's as a PNG (matplotlib, no display needed)."""
 
 from __future__ import annotations
 

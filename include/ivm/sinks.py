@@ -26,7 +26,7 @@ Each commit is idempotent (Delta's ``txnAppId`` ``ivm:<view>`` and ``txnVersion`
 of the view): a retried stage does not write twice, and the table's transaction version says which
 catalog version of the view it holds (`held`). The catalog stays the commit point: a crash between the
 catalog's commit and a sink's leaves the sink at the view's previous version until the next sink stage
-brings it up to date (README "Delta Lake").
+brings it up to date (docs/guide.md "Delta Lake").
 """
 
 from __future__ import annotations

@@ -72,7 +72,7 @@ DEFAULT_CONF = {
 }
 
 
-#: Delta Lake (README "Delta Lake"): its SQL extension and catalog, so `spark.read.format("delta")`,
+#: Delta Lake (docs/guide.md "Delta Lake"): its SQL extension and catalog, so `spark.read.format("delta")`,
 #: `UPDATE`/`DELETE`/`MERGE INTO` and Delta tables in the session catalog work in every ivm session and
 #: spark-submit; its log replay in as many partitions as a shuffle of small work (Delta's default, 50,
 #: makes each snapshot of a small table 50 tasks)
@@ -137,7 +137,7 @@ def with_metastore(conf: dict[str, str], warehouse: str, metastore: str | None =
     (``spark.sql.catalogImplementation``) or, without ``metastore``, the warehouse is not a local folder.
 
     A Derby database is opened by one JVM at a time: a notebook reading the views by name through it
-    keeps ivm's `apply` from registering until it stops (README "Delta Lake"). Spark opens the metastore
+    keeps ivm's `apply` from registering until it stops (docs/guide.md "Delta Lake"). Spark opens the metastore
     on a session's first use of the catalog, which only `apply` and table-named sources make: refreshes
     read and write Delta tables by path, so a DAG's parallel tasks do not contend for it."""
     if CATALOG_IMPLEMENTATION in conf:

@@ -245,7 +245,7 @@ def test_bad_definitions_name_view_and_construct(views, message):
 
 def test_all_22_tpch_queries_compile_for_the_counting_algorithm():
     """#45: the 22 TPC-H queries (tests/tpch.py) compile together, each maintained by counting (000
-    Algorithm 4.1), as the README's table says; the scalar subqueries of Q2, Q11, Q15, Q17, Q20 and Q22 are
+    Algorithm 4.1), as docs/guide.md's table says; the scalar subqueries of Q2, Q11, Q15, Q17, Q20 and Q22 are
     decorrelated into aggregate subviews (the view reads one more GROUP BY than its own)."""
     from ivm import explain
     from tests.tpch import QUERIES

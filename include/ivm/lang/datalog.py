@@ -1,6 +1,6 @@
 """The Datalog front end (lark), as in 000 and 001.
 
-Grammar (documented for users in the README):
+Grammar (documented for users in docs/guide.md):
 
     program   := rule*
     rule      := atom [":-" item ("," item)*] "."
