@@ -55,8 +55,8 @@ demo: venv
 #     those that start servers of their own) and the differential change-stream tests (counting, TPC-H);
 #  2. test-connect, on one warm Spark Connect server (`ivm server start` with tests/connect/ivm.yaml's
 #     settings, the suite's own), each worker a client session of it: every test of tests/spark, the
-#     differential ones again, so a call only a classic session offers cannot come back unseen. The warm
-#     server also runs them faster than two cold local Sparks do.
+#     differential ones again, so a call only a classic session offers cannot come back unseen. (On a
+#     2-core machine the suite is CPU-bound either way: the server runs it no faster than local Sparks.)
 TEST_WORKERS ?= 2
 PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 CONNECT_PORT ?= 15002
