@@ -100,3 +100,24 @@ def test_a_keyless_table_deletes_whole_rows(project, tmp_path):
     p.append("bag", write_jsonl(tmp_path / "b.jsonl", ["k", "v"], [(1, None)], ["delete"]))
     with pytest.raises(ChangeDataError, match=r"row \(k=1, v=NULL\): delete of a row that is not there"):
         p.refresh()
+
+
+def test_mysql_minimal_row_images(project, tmp_path):
+    """Debezium's MySQL connector under ``binlog_row_image=minimal``: no ``source.lsn`` (the binlog file and
+    position instead; ``ts_ms`` orders the events), a delete's ``before`` and an update's ``before`` with the
+    primary key alone."""
+    p = project
+
+    def mysql(op: str, ts: int, before: dict | None, after: dict | None) -> dict:
+        return {"op": op, "before": before, "after": after, "ts_ms": ts,
+                "source": {"connector": "mysql", "file": "binlog.000003", "pos": ts * 10, "ts_ms": ts - 1,
+                           "gtid": None, "db": "shop", "table": "t"},
+                "transaction": {"id": f"tx{ts}", "total_order": 1, "data_collection_order": 1}}
+
+    p.append("t", events(tmp_path / "mysql.jsonl",
+                         mysql("u", 300, {"k": 1, "v": None, "name": None}, {"k": 1, "v": 11, "name": "a"}),
+                         mysql("d", 301, {"k": 3, "v": None, "name": None}, None),
+                         mysql("c", 302, None, {"k": 5, "v": 50, "name": "b"})), "debezium")
+    p.refresh()
+    assert view(p) == duck([(1, 11, "a"), (2, 20, "b"), (5, 50, "b")])
+    assert_views_recomputed(p)
