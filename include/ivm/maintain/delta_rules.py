@@ -1,4 +1,5 @@
-"""The delta rules of 000 Definition 4.1, for `ivm explain` now and the counting algorithm next.
+"""The delta rules of 000 Definition 4.1, as the counting algorithm evaluates them (ivm.maintain.counting) and
+`ivm explain` prints them.
 
 For a rule ``p :- s1, ..., sn`` the i-th delta rule is
 
