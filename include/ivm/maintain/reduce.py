@@ -60,7 +60,6 @@ from ivm.zset import BROADCAST_BYTES, anti_join, consolidate, negate, quote, res
 log = logging.getLogger(__name__)
 C = COUNT_COLUMN
 ALGORITHMS = ("NAIVE", "RIE", "RIC", "REDUCE", "REDUCE+")
-MULTIPLE = ("MU1", "MU2")
 #: an update's relation is written after this many joins when more follow (each step adds a join, an
 #: aggregate and windows to the plan Spark optimizes at once)
 CHECKPOINT_STEPS = 4
@@ -211,10 +210,6 @@ class Reducer:
 
     def _settle(self, df: DataFrame) -> DataFrame:
         return as_set(df, self._vars(df))
-
-    def _project(self, df: DataFrame, keep: set[str]) -> DataFrame:
-        cols = [c for c in self._vars(df) if c in keep]
-        return df.select(*[F.col(quote(c)) for c in cols], F.lit(1).cast("long").alias(C)).distinct()
 
     def _as_view(self, df: DataFrame) -> DataFrame:
         """π_{X_V}: the head's columns (constants included), one tuple each, count 1."""
