@@ -28,6 +28,8 @@ from __future__ import annotations
 import logging
 import os
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
@@ -201,6 +203,21 @@ class Emitter:
             self.client.emit(event)
         except Exception as e:  # noqa: BLE001 - lineage never fails a refresh whose data is published
             log.warning("lineage: the %s event of run %s was not sent: %s", state.value, run_id, one_line(e))
+
+    @contextmanager
+    def reporting(self, ctx: RunContext, plan: Plan, kind: str) -> Iterator[None]:
+        """START now, COMPLETE when the block ends or FAIL (with its one-line error) when it raises; the
+        client closed either way."""
+        self.start(ctx, plan, kind)
+        try:
+            yield
+        except BaseException as e:
+            self.fail(ctx, plan, kind, e)
+            raise
+        else:
+            self.complete(ctx, plan, kind)
+        finally:
+            self.close()
 
     def start(self, ctx: RunContext, plan: Plan, kind: str) -> None:
         self._send(RunState.START, plan.run_id, kind, inputs(ctx, plan), [])

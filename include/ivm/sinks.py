@@ -266,9 +266,6 @@ def write_view(ctx: RunContext, view: str, previous: int | None, delta_path: str
     dt = _delta_table(where)
     out = SinkWrite(view, where, how, dt.version() if dt is not None else None, time.perf_counter() - started,
                     route.outside)
-    if route.outside is not None:
-        log.warning("sink %s: its Delta table was changed outside ivm at Delta version %s (%s): brought back to "
-                    "the view", view, route.outside["delta_version"], route.outside["operation"])
     log.info("sink %s: %s at %s, Delta version %s (%.2f s)", view, how, where, out.delta_version, out.seconds)
     return out
 

@@ -80,10 +80,11 @@ def read_snapshot(table: TableConfig, path: str, time_zone: str = "UTC") -> pa.T
 
 def check_columns(name: str, table: TableConfig, path: str, fmt: str = "cdf", optional: Collection[str] = (),
                   changes: bool = True) -> None:
-    """A local file's columns against the table's, before Spark starts (a misspelt column answered in
-    milliseconds, not after a JVM's start): a CSV's header, a Parquet file's schema, the keys of small JSON
-    lines — the check Spark's reader makes (`check_file_columns`), in its words. Debezium events, large
-    JSON lines (any line may name a column) and remote files are Spark's to check."""
+    """A local file's columns against the table's, for a file `read` declined, before Spark starts (a
+    misspelt column answered in milliseconds, not after a JVM's start): a CSV's header, a Parquet file's
+    schema, the keys of small JSON lines — the check Spark's reader makes (`check_file_columns`), in its
+    words. Debezium events, large JSON lines (any line may name a column) and remote files are Spark's to
+    check."""
     if fmt == "debezium" or "://" in path or not Path(path).is_file():
         return
     kind = file_format(path)

@@ -117,10 +117,10 @@ def append_log(spark: Callable[[], SparkSession], catalog: Catalog, warehouse: W
     earlier = catalog.appended_segment(name, path, digest)
     if earlier is not None:
         return AppendResult(name, None, 0, duplicate_of=earlier)
-    arrow_reader.check_columns(name, table, path, fmt, optional)  # (before Spark starts)
     local = arrow_reader.read(fmt, table, path, optional, time_zone)
     if local is not None:
         return _append_arrow(catalog, warehouse, name, table, local, path, fmt, digest)
+    arrow_reader.check_columns(name, table, path, fmt, optional)  # (a file the Arrow reader declined: before Spark)
     changes = (read_cdf if fmt == "cdf" else read_debezium)(spark(), name, table, path, optional).cache()
     try:
         # one job for the whole file: row count, bad rows, commit-version range
@@ -266,11 +266,11 @@ def load_snapshot(spark: Callable[[], SparkSession], catalog: Catalog, warehouse
     if state.layers or catalog.last_commit_version(name) > 0:
         raise ChangeDataError(f"table {name} already has data or changes; append changes to its log instead")
     check_path(path)
-    arrow_reader.check_columns(name, table, path, changes=False)  # (before Spark starts)
     local = arrow_reader.read_snapshot(table, path, time_zone)
     if local is not None:
         rows, written = local.num_rows, _load_arrow(warehouse, name, table, path, local, run_id)
     else:
+        arrow_reader.check_columns(name, table, path, changes=False)  # (a file the Arrow reader declined: before Spark)
         rows, written = _load_spark(spark(), warehouse, name, table, path, run_id, target_file_mb)
     published = catalog.publish(run_id, [PublishChange(name, state.version_id, [written], replace=True)],
                                 {(name, name): 0}, [StageRecord("load", name, rows_in=rows, rows_out=written.rows)])

@@ -18,12 +18,11 @@ from ivm.context import RunContext
 from ivm.errors import NotFoundError, RunError
 from ivm.maintain.count_free import CountFree
 from ivm.maintain.counting import Counting, ephemeral, materialize, view_predicates, weighted
-from ivm.maintain.crossover import estimate as crossover_estimate
 from ivm.maintain.recompute import Evaluator, as_used
 from ivm.maintain.states import RunStates
 from ivm.maintain.strategy import lookup
 from ivm.modes import Mode
-from ivm.refresh.plan import load_plan, old_layer_refs
+from ivm.refresh.plan import load_plan, old_layer_refs, view_crossover
 from ivm.refresh.record import CatchUp, Plan, ViewWork
 from ivm.spark import adaptive
 from ivm.storage import Scratch
@@ -191,12 +190,8 @@ class Maintenance:
         change the plan saw, the log's rows) weighed again on its inputs' net deltas, which the trim has
         given since: maintained incrementally when they say so — an empty net delta (a change and its
         undoing, a late commit that cancels) is then nothing to do, never a recompute."""
-        ctx = self.ctx
-        cfg = ctx.config.views[work.view]
         net = sum(t.delta_rows for t in self.plan.tables if t.table in work.changed_inputs)
-        fulls = ctx.catalog.maintain_history(work.view, Mode.FULL, 1)
-        estimate = crossover_estimate(ctx.catalog.maintain_history(work.view, Mode.INCREMENTAL, cfg.crossover.history),
-                                      fulls[0][1] if fulls else None, net, cfg.crossover)
+        estimate = view_crossover(self.ctx, work.view, net)
         if net and estimate.full:
             return
         work.mode, work.reason = Mode.INCREMENTAL, (

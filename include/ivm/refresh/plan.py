@@ -137,6 +137,15 @@ def plan(ctx: RunContext, views: list[str] | None = None, mode: str = Mode.AUTO,
     return p
 
 
+def view_crossover(ctx: RunContext, view: str, change_rows: int) -> Estimate:
+    """The crossover's estimate for ``view`` on a change of ``change_rows`` rows, from the view's measured
+    incremental refreshes and its newest recompute (ivm.maintain.crossover)."""
+    settings = ctx.config.views[view].crossover
+    fulls = ctx.catalog.maintain_history(view, Mode.FULL, 1)
+    return crossover_estimate(ctx.catalog.maintain_history(view, Mode.INCREMENTAL, settings.history),
+                              fulls[0][1] if fulls else None, change_rows, settings)
+
+
 def _live_segments(catalog, table: str, after: int, upto: int) -> list:
     """The log segments of (after, upto] that hold a commit not set aside (`ivm log quarantine`): a range
     whose every commit was quarantined gives the trim nothing, and the table is left out of the run (its
@@ -201,10 +210,7 @@ def _plan_views(ctx: RunContext, p: Plan, wanted: list[str] | None, mode: Mode,
         estimate = None
         if inputs and mode is Mode.AUTO and cfg.mode is Mode.AUTO and cfg.crossover.enabled:
             # the crossover (ivm.maintain.crossover): a full recompute when the measured costs say so
-            fulls = ctx.catalog.maintain_history(view, Mode.FULL, 1)
-            estimate = crossover_estimate(ctx.catalog.maintain_history(view, Mode.INCREMENTAL, cfg.crossover.history),
-                                          fulls[0][1] if fulls else None, int(sum(change_rows[t] for t in inputs)),
-                                          cfg.crossover)
+            estimate = view_crossover(ctx, view, int(sum(change_rows[t] for t in inputs)))
         # a table whose changes an earlier run applied without refreshing this view (a refresh of other
         # views, another schedule group): the view catches up from its own pointer (#48, item 1), or is
         # recomputed when its state there is gone

@@ -185,9 +185,7 @@ def refresh(ctx: RunContext, progress: Progress = lambda _: None, views: list[st
     args = StageArgs(p.run_id, mode=p.mode, kind=kind, from_version=from_version, sample=sample)
     done: dict[str, object] = {}
     committed = False
-    if emitter is not None:
-        emitter.start(ctx, p, kind)
-    try:
+    with emitter.reporting(ctx, p, kind) if emitter is not None else nullcontext():
         with tagged(ctx.spark, run_tag(p.run_id)):  # (the run's Spark operations carry its job tag)
             with ctx.catalog.run(p.run_id):  # (a failure before the commit: the run failed, with one line)
                 begin(ctx, p, kind)  # the plan stage's record, of the plan made above
@@ -198,14 +196,6 @@ def refresh(ctx: RunContext, progress: Progress = lambda _: None, views: list[st
             for s in STAGES[1:]:  # after the commit point, outside it: each its own atomic step (compaction)
                 if s.in_process and s.name not in done:
                     done[s.name] = s.run(ctx, args, progress)
-    except BaseException as e:
-        if emitter is not None:
-            emitter.fail(ctx, p, kind, e)
-            emitter.close()
-        raise
-    if emitter is not None:
-        emitter.complete(ctx, p, kind)
-        emitter.close()
     result = done[next(s.name for s in STAGES if s.commit)]  # (publish's RefreshResult)
     result.compacted = done.get("compact") or []
     result.seconds = time.perf_counter() - started
