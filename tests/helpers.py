@@ -401,14 +401,18 @@ def keyed_state(draw, tables: dict = KEYED) -> dict[str, dict]:
 
 
 @st.composite
-def keyed_batch(draw, state: dict[str, dict]) -> dict[str, list[tuple[str, tuple]]]:
+def keyed_batch(draw, state: dict[str, dict], truncates: bool = False) -> dict[str, list[tuple[str, tuple]]]:
     """Per table, each key at most once: insert an absent key, delete or update (new non-key values,
     key kept) a present one. A delete's or preimage's image is the whole stored row, or — as a CDC
     producer sends it by default (PostgreSQL's replica identity, MySQL's minimal row image) — the key
-    alone, its other columns NULL (#69): drawn per change, so a batch mixes both."""
+    alone, its other columns NULL (#69): drawn per change, so a batch mixes both. ``truncates``: now and
+    then a table's batch opens with a truncate ``("truncate", None)``, its changes then drawn against
+    an empty table."""
     out = {}
     for table, rows in state.items():
         changes = []
+        if truncates and rows and draw(st.integers(0, 5)) == 0:
+            changes, rows = [("truncate", None)], {}
         for k in draw(st.sets(st.sampled_from(list(KEYS[table])))):
             before = (k, *rows[k]) if k in rows else None
             if before is not None and draw(st.booleans()):  # (the key alone)
@@ -422,6 +426,29 @@ def keyed_batch(draw, state: dict[str, dict]) -> dict[str, list[tuple[str, tuple
         if changes:
             out[table] = changes
     return out
+
+
+def write_debezium(path: Path, columns: list[str], changes: list[tuple[str, tuple | None]], lsn: int) -> str:
+    """A keyed batch (`keyed_batch`) as Debezium's PostgreSQL connector sends it, one transaction at
+    ``lsn``: c with its after image, d with its before image (whole or the key alone: replica identity
+    DEFAULT), u with both images — or with ``before: null`` when the preimage is the key alone, as the
+    connector sends an update under replica identity DEFAULT — and t (a truncate) with none."""
+    def image(row):
+        return None if row is None else dict(zip(columns, row, strict=True))
+
+    events, pending = [], None
+    for kind, row in changes:
+        if kind == "update_preimage":
+            pending = row
+            continue
+        op = {"insert": "c", "delete": "d", "update_postimage": "u", "truncate": "t"}[kind]
+        before = row if op == "d" else pending if op == "u" else None
+        if op == "u" and all(v is None for v in pending[1:]):
+            before = None
+        events.append({"op": op, "before": image(before), "after": image(row) if op in ("c", "u") else None,
+                       "source": {"lsn": lsn, "connector": "postgresql"}, "ts_ms": 1_700_000_000_000})
+    path.write_text("".join(json.dumps(e) + "\n" for e in events))
+    return str(path)
 
 
 KV_TABLES = {"t": {"columns": {"k": "string", "v": "int"}}, "u": {"columns": {"k": "string", "w": "int"}}}

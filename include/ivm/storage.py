@@ -155,6 +155,18 @@ class Warehouse:
             with self.fs.open_input_file(info.path) as f:
                 yield info, pq.ParquetFile(f).metadata
 
+    def read_arrow(self, paths: Sequence[str], where: pc.Expression | None = None,
+                   columns: Sequence[str] | None = None) -> pa.Table | None:
+        """The rows ``where`` keeps of the Parquet files under ``paths``, read on the driver by pyarrow
+        (row groups pruned by their statistics); None when there is no file."""
+        import pyarrow.dataset as ds
+
+        files = [info.path for p in paths for info in self._files(p)]
+        if not files:
+            return None
+        return ds.dataset(files, format="parquet", filesystem=self.fs).to_table(
+            columns=list(columns) if columns is not None else None, filter=where)
+
     def distinct_values(self, paths: Sequence[str], column: str, where: pc.Expression | None = None,
                         limit: int = VALUES_ON_DRIVER) -> tuple[list, bool] | None:
         """The distinct non-NULL values of ``column`` in the Parquet files under ``paths`` (in the rows
@@ -163,18 +175,15 @@ class Warehouse:
         plain — over ``limit`` values; a column type outside integers, strings, dates and decimals (whose
         Python values Spark takes back as they were written: a TIMESTAMP's would depend on the time
         zone); files that cannot be read — and the caller asks Spark."""
-        import pyarrow.dataset as ds
-
         try:
-            files = [info.path for p in paths for info in self._files(p)]
-            if not files:
+            data = self.read_arrow(paths, where, [column])
+            if data is None:
                 return [], False
-            data = ds.dataset(files, format="parquet", filesystem=self.fs)
             kind = data.schema.field(column).type
             if not (pa.types.is_integer(kind) or pa.types.is_string(kind) or pa.types.is_large_string(kind)
                     or pa.types.is_date32(kind) or pa.types.is_decimal(kind)):
                 return None
-            found = pc.unique(data.to_table(columns=[column], filter=where).column(column))
+            found = pc.unique(data.column(column))
         except (OSError, KeyError, pa.ArrowException) as e:
             log.info("the values of %s in %s are left to Spark: %s", column, ", ".join(paths), e)
             return None

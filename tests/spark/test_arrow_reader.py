@@ -114,15 +114,16 @@ def _write(path, rows, kinds, versions, fmt, odd: bool, snapshot: bool = False) 
 
 @st.composite
 def debezium_files(draw, odd: bool):
-    """Debezium events over drawn rows: c/r/u/d with their images, wrapped or not, tombstones, versions
-    from source.lsn, ts_ms or source.ts_ms; odd ones with an odd value, op, image or version."""
+    """Debezium events over drawn rows: c/r/u/d with their images, t (a truncate) with none, wrapped or
+    not, tombstones, versions from source.lsn, ts_ms or source.ts_ms; odd ones with an odd value, op,
+    image or version."""
     lines = []
     for _ in range(draw(st.integers(0, 5))):
         image = {c: draw(st.none() | s) if c != "order_id" else draw(s) for c, s in clean.items()}
         if odd and draw(st.booleans()):
             image[draw(st.sampled_from(list(clean)))] = draw(odd_text)
         doc = {c: _text(c, v) if isinstance(v, datetime.date) else v for c, v in image.items()}
-        op = draw(st.sampled_from(["c", "r", "u", "d"] + (["x", None] if odd else [])))
+        op = draw(st.sampled_from(["c", "r", "u", "d", "t"] + (["x", None] if odd else [])))
         event = {"op": op, "before": doc if op in ("u", "d") else None, "after": doc if op in ("c", "r", "u") else None}
         if odd and draw(st.booleans()):
             event[draw(st.sampled_from(["before", "after"]))] = draw(st.sampled_from([None, 5, {"order_id": 1}]))

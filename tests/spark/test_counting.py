@@ -41,6 +41,7 @@ from tests.helpers import (
     keyed_batch,
     keyed_state,
     norm,
+    write_debezium,
     write_jsonl,
 )
 
@@ -287,8 +288,9 @@ KEYED_DATALOG = {
 @STREAMS
 @given(data=st.data())
 def test_counting_on_keyed_tables_with_updates(make_project, tmp_path_factory, data):
-    """Keyed tables: updates arrive as preimage/postimage pairs of one key; each view after each
-    refresh equals the full recomputation and DuckDB."""
+    """Keyed tables: updates arrive as preimage/postimage pairs of one key — in the native format or as
+    Debezium events (#69: key-only deletes, updates without a before image, truncates), drawn per table
+    and batch; each view after each refresh equals the full recomputation and DuckDB."""
     drawn_stream(data)
     import duckdb
 
@@ -302,12 +304,19 @@ def test_counting_on_keyed_tables_with_updates(make_project, tmp_path_factory, d
                              [(k, *v) for k, v in rows.items()]))
     p.refresh()
     for n in range(1, 3):
-        changes = data.draw(keyed_batch(state), f"batch {n}")
+        changes = data.draw(keyed_batch(state, truncates=True), f"batch {n}")
         for table, items in changes.items():
-            p.append(table, write_jsonl(root / f"{table}-{n}.jsonl", list(tables[table]["columns"]),
-                                   [r for _, r in items], [k for k, _ in items]))
+            columns = list(tables[table]["columns"])
+            if items[0][0] == "truncate" or data.draw(st.booleans(), f"{table} {n} from Debezium"):
+                p.append(table, write_debezium(root / f"{table}-{n}.jsonl", columns, items,
+                                               p.catalog.last_commit_version(table) + 1), "debezium")
+            else:
+                p.append(table, write_jsonl(root / f"{table}-{n}.jsonl", columns,
+                                            [r for _, r in items], [k for k, _ in items]))
             for kind, row in items:
-                if kind in ("delete", "update_preimage"):
+                if kind == "truncate":
+                    state[table].clear()
+                elif kind in ("delete", "update_preimage"):
                     del state[table][row[0]]
                 else:
                     state[table][row[0]] = row[1:]

@@ -13,13 +13,15 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from pyspark.sql.types import LongType
 
 from ivm import Project, sinks
 from ivm.catalog.store import PublishChange
 from ivm.errors import ChangeDataError, ConfigError
-from tests.conftest import write_project
-from tests.helpers import assert_views_recomputed, rows
+from tests.conftest import drawn_stream, write_project
+from tests.helpers import STREAMS, assert_views_recomputed, rows
 
 BEFORE = {"acct": {"columns": {"id": "int", "owner": "string", "n": "int", "w": "float"}, "key": ["id"]}}
 AFTER = {"acct": {"columns": {"id": "int", "owner": "string", "n": "bigint", "w": "double", "note": "string"},
@@ -98,6 +100,70 @@ def test_a_column_added_and_types_widened_are_applied_without_a_reload(make_proj
         everything = p.spark.read.format("delta").load(sinks.location(p.ctx, "everything"))
         assert everything.schema["n"].dataType == LongType() and "note" in everything.columns
         assert rows(everything.collect()) == rows(p.read("everything").collect())
+    finally:
+        p.close()
+
+
+OWNERS, NOTES = st.sampled_from(["a", "b", None]), st.sampled_from(["x", "y", None])
+
+
+def _duck(state: dict[int, tuple]) -> duckdb.DuckDBPyConnection:
+    con = duckdb.connect()
+    con.execute("CREATE TABLE acct (id INTEGER, owner VARCHAR, n BIGINT, w DOUBLE, note VARCHAR)")
+    if state:
+        con.executemany("INSERT INTO acct VALUES (?, ?, ?, ?, ?)", [(k, *v) for k, v in sorted(state.items())])
+    return con
+
+
+@pytest.mark.e2e
+@STREAMS
+@given(data=st.data())
+def test_older_schema_files_mixed_with_new_ones_in_a_drawn_stream(make_project, tmp_path_factory, data):
+    """#69 item 5: after a column is added, each drawn batch comes from a producer writing the older
+    schema (no ``note``: inserts and postimages NULL there, removals match on the other columns) or the
+    new one (removals carry the stored note), its removals' images whole or the key alone; after every
+    refresh each view equals DuckDB's result and its recompute."""
+    drawn_stream(data)
+    root = tmp_path_factory.mktemp("drift")
+    p = make_project(BEFORE, root=root / "project", views=VIEWS, storage={"delta_views": True})
+    state = {k: (data.draw(OWNERS), k, 0.5, None) for k in data.draw(st.sets(st.integers(1, 7)), "loaded")}
+    p.load("acct", write(root / "acct.jsonl", [{"id": k, "owner": o, "n": n, "w": w}
+                                                for k, (o, n, w, _) in state.items()]))
+    p.refresh()
+    p.close()
+    p = reopen(root / "project", AFTER)
+    try:
+        p.apply()
+        for b in range(3):
+            older = data.draw(st.booleans(), f"batch {b}: the older schema")
+            lines = []
+
+            def image(k, row, kind, older=older):
+                r = {"id": k, "owner": row[0], "n": row[1], "w": row[2], **({} if older else {"note": row[3]})}
+                return {**r, "_change_type": kind}
+
+            for k in data.draw(st.sets(st.integers(1, 9)), f"batch {b}: keys"):
+                new = (data.draw(OWNERS), data.draw(st.integers(0, 9)), 1.25, None if older else data.draw(NOTES))
+                if k not in state:
+                    lines.append(image(k, new, "insert"))
+                    state[k] = new
+                    continue
+                before = (None, None, None, None) if data.draw(st.booleans(), "the key alone") else state[k]
+                if data.draw(st.booleans(), "delete"):
+                    lines.append(image(k, before, "delete"))
+                    del state[k]
+                else:
+                    lines += [image(k, before, "update_preimage"), image(k, new, "update_postimage")]
+                    state[k] = new
+            if not lines:
+                continue
+            p.append("acct", write(root / f"c{b}.jsonl", lines))
+            p.refresh(mode="incremental")
+            assert rows(p.read("acct").collect()) == Counter((k, *v) for k, v in state.items())
+            con = _duck(state)
+            for view, spec in VIEWS.items():
+                assert rows(p.read(view).collect()) == rows(con.execute(spec["sql"]).fetchall()), view
+            assert_views_recomputed(p)
     finally:
         p.close()
 

@@ -3,7 +3,8 @@ Debezium from PostgreSQL with its default replica identity sends a delete's ``be
 (the other fields null) and an update with ``before: null``; MySQL's ``binlog_row_image=minimal`` the same.
 Such a delete removes the stored row with that key, such an update replaces it; a before image that does
 carry values must still match the stored row; a key that is not there is still refused; a keyless table
-keeps whole-row deletes. After each refresh the view equals its recompute and DuckDB's result."""
+keeps whole-row deletes. A truncate (PostgreSQL's ``op: t``) deletes every row the table holds at its
+position. After each refresh the view equals its recompute and DuckDB's result."""
 
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ def ev(op: str, lsn: int, before: dict | None, after: dict | None) -> dict:
 def duck(rows: list[tuple]) -> Counter:
     con = duckdb.connect()
     con.execute("CREATE TABLE t (k INTEGER, v INTEGER, name VARCHAR)")
-    con.executemany("INSERT INTO t VALUES (?, ?, ?)", rows)
+    if rows:
+        con.executemany("INSERT INTO t VALUES (?, ?, ?)", rows)
     return Counter(tuple(norm(x) for x in r) for r in con.execute(VIEWS["per_name"]["sql"]).fetchall())
 
 
@@ -120,4 +122,60 @@ def test_mysql_minimal_row_images(project, tmp_path):
                          mysql("c", 302, None, {"k": 5, "v": 50, "name": "b"})), "debezium")
     p.refresh()
     assert view(p) == duck([(1, 11, "a"), (2, 20, "b"), (5, 50, "b")])
+    assert_views_recomputed(p)
+
+
+def bag_view(p) -> Counter:
+    return Counter(tuple(norm(x) for x in r) for r in p.read("bag_sum").collect())
+
+
+def test_a_truncate_deletes_every_row_at_its_position(project, tmp_path):
+    """PostgreSQL's connector sends ``TRUNCATE t`` as an event with ``op: t`` and no images. Rows changed
+    before it in the same range are gone too; a key inserted after it is new (its old row is gone), an
+    update after it applies to the new row, and a delete of a row only the truncate removed is refused."""
+    p = project
+    trunc = {"op": "t", "before": None, "after": None, "source": {"lsn": 402, "db": "shop", "table": "t"},
+             "ts_ms": 402, "transaction": None}
+    p.append("t", events(tmp_path / "pg.jsonl",
+                         ev("c", 400, None, {"k": 5, "v": 50, "name": "c"}),
+                         ev("u", 401, {"k": 1, "v": 10, "name": "a"}, {"k": 1, "v": 11, "name": "a"}),
+                         trunc,
+                         ev("c", 403, None, {"k": 1, "v": 12, "name": "b"}),          # a key the table had
+                         ev("c", 404, None, {"k": 6, "v": 60, "name": "b"}),
+                         ev("u", 405, None, {"k": 6, "v": 61, "name": "b"}), wrap=True), "debezium")
+    p.append("bag", events(tmp_path / "bag.jsonl",
+                           ev("c", 500, None, {"k": 2, "v": 7}),
+                           {**trunc, "source": {"lsn": 501}, "ts_ms": 501},
+                           ev("c", 502, None, {"k": 1, "v": 5})), "debezium")
+    p.refresh()
+    assert view(p) == duck([(1, 12, "b"), (6, 61, "b")])
+    assert bag_view(p) == Counter({(1, 5): 1})
+    assert_views_recomputed(p)
+    # one truncate at a time too: every row the table holds, none of the refresh's own changes in play
+    p.append("t", events(tmp_path / "t2.jsonl", {**trunc, "source": {"lsn": 600}, "ts_ms": 600}), "debezium")
+    p.refresh()
+    assert view(p) == duck([])
+    assert_views_recomputed(p)
+    p.append("t", events(tmp_path / "late.jsonl", ev("d", 700, {"k": 6, "v": None, "name": None}, None)), "debezium")
+    with pytest.raises(ChangeDataError, match=r"commit version 700, row \(k=6, v=NULL, name=NULL\): delete of a "
+                                              r"row that is not there"):
+        p.refresh()
+
+
+def test_a_truncate_read_by_spark_and_restored_from_quarantine(project, tmp_path):
+    """A file the Arrow reader declines (here: a number where a string goes, which Spark casts) is read
+    by Spark, its truncate found by the append's one job; a quarantined truncate put back below what the
+    views absorbed is appended again as a new commit, still a truncate."""
+    p = project
+    trunc = {"op": "t", "before": None, "after": None, "source": {"lsn": 801}, "ts_ms": 801}
+    p.append("t", events(tmp_path / "spark.jsonl", ev("c", 800, None, {"k": 7, "v": 70, "name": 9}), trunc,
+                         ev("c", 802, None, {"k": 8, "v": 80, "name": "z"})), "debezium")
+    segment = p.catalog.segments("t", 799, 802)[-1]
+    assert segment.truncates and segment.truncates[0][0] == 801
+    p.quarantine("t", 801)
+    p.refresh()
+    assert view(p) == duck([(1, 10, "a"), (2, 20, "b"), (3, 30, "a"), (7, 70, "9"), (8, 80, "z")])
+    p.restore("t", 801)
+    p.refresh()
+    assert view(p) == duck([])
     assert_views_recomputed(p)

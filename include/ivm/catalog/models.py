@@ -158,6 +158,9 @@ class LogSegment(Base):
     #: where the segment's keys fall (`ivm.changes.trim.segment_bounds`), found when it was appended; NULL: not
     #: known (a small table's segment, keys cut in equal runs, a segment appended before revision 0004)
     key_bounds: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    #: the positions [commit version, row] of the segment's truncate events (a Debezium ``op: t``), found when
+    #: it was appended; NULL: none
+    truncates: Mapped[list[list[int]] | None] = mapped_column(JSON, nullable=True)
 
 
 class QuarantinedCommit(Base):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -43,7 +43,7 @@ from ivm.errors import CatalogError, ChangeDataError, LeaseError, NotFoundError,
 log = logging.getLogger(__name__)
 
 #: the newest migration in `MIGRATIONS` (tests/unit/test_catalog.py checks it against Alembic's head)
-HEAD_REVISION = "0006"
+HEAD_REVISION = "0007"
 MIGRATIONS = Path(__file__).with_name("migrations")
 
 
@@ -103,6 +103,12 @@ class SegmentRef:
     appended_at: datetime
     #: where its keys fall (`ivm.changes.trim.segment_bounds`), or None when not known
     key_bounds: dict | None = None
+    #: its truncates' positions, (commit version, row), in order; empty: none
+    truncates: tuple[tuple[int, int], ...] = ()
+
+    def truncates_in(self, after: int, upto: int, skip: Collection[int] = ()) -> list[tuple[int, int]]:
+        """Its truncates with commit versions in (after, upto] but ``skip`` (quarantined)."""
+        return [t for t in self.truncates if after < t[0] <= upto and t[0] not in skip]
 
 
 @dataclass(frozen=True)
@@ -332,14 +338,15 @@ class Catalog:
 
     def add_segment(self, table: str, path: str, source: str, source_format: str, content_hash: str,
                     min_version: int, max_version: int, rows: int, key_bounds: dict | None = None,
-                    restores: int | None = None) -> SegmentRef:
+                    restores: int | None = None, truncates: Sequence[tuple[int, int]] = ()) -> SegmentRef:
         """Record an appended segment: the commit point of `ivm log append`.
 
         Commit versions normally come after the log's last one. A late commit (out-of-order delivery,
         or the missing change a refused refresh asked for) may fill a gap below it, provided no
         relation has absorbed that far, no segment holds versions in its range, and no run is
         refreshing the table. The (table, source, content hash) constraint makes appending the same
-        file twice a no-op even when two appends race. ``restores``: the segment holds the changes of that
+        file twice a no-op even when two appends race. ``truncates``: the positions of the segment's truncate
+        events (`SegmentRef.truncates`). ``restores``: the segment holds the changes of that
         quarantined commit, appended again (`ivm log restore`), which the same transaction records.
         """
         with self.session() as s:
@@ -363,7 +370,8 @@ class Catalog:
                                      "append a late commit after it ends")
             seg = LogSegment(table_name=table, path=path, source=source, source_format=source_format,
                              content_hash=content_hash, min_commit_version=min_version,
-                             max_commit_version=max_version, rows=rows, key_bounds=key_bounds)
+                             max_commit_version=max_version, rows=rows, key_bounds=key_bounds,
+                             truncates=[list(t) for t in truncates] or None)
             s.add(seg)
             if restores is not None:
                 record = s.get(QuarantinedCommit, (table, restores), with_for_update=True)
@@ -709,7 +717,8 @@ def _absorbed(s: Session, table: str) -> int:
 
 def _segment_ref(seg: LogSegment) -> SegmentRef:
     return SegmentRef(seg.id, seg.table_name, seg.path, int(seg.min_commit_version),
-                      int(seg.max_commit_version), int(seg.rows), aware(seg.appended_at), seg.key_bounds)
+                      int(seg.max_commit_version), int(seg.rows), aware(seg.appended_at), seg.key_bounds,
+                      tuple((int(v), int(i)) for v, i in seg.truncates or ()))
 
 
 def _sqlite_pragmas(dbapi_connection, _record) -> None:

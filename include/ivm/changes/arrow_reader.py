@@ -15,7 +15,7 @@ sure to be Spark's, and hands anything else to Spark by returning None:
   doubling), a line break inside a value, a row with more or fewer fields than the header;
 * a JSON line that is not a plain object (repeated keys, NaN, a nested value for a flat column), a
   number for a STRING or a string for a number; a Debezium event whose op, image or version is not
-  plainly there (an op other than c, r, u, d; a missing image; a version that is not a JSON integer);
+  plainly there (an op other than c, r, u, d, t; a missing image; a version that is not a JSON integer);
 * a Parquet column of another type than the table's;
 * and every bad row: Spark's reader names it in its error.
 
@@ -38,7 +38,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ivm.changes.reader import CHANGE_TYPES, SEQ, check_file_columns, file_format
+from ivm.changes.reader import CHANGE_TYPES, SEQ, TRUNCATE, check_file_columns, file_format
 from ivm.config import CHANGE_TYPE, COMMIT_VERSION, TableConfig
 from ivm.errors import ChangeDataError
 
@@ -114,7 +114,7 @@ def _read(fmt: str, table: TableConfig, path: str, optional: Collection[str], ti
         return None
     try:
         if fmt == "debezium":
-            return _build(table, _debezium(table, path, optional), optional, columns, "json")
+            return _build(table, _debezium(table, path, optional), optional, columns, "debezium")
         kind = file_format(path)
         if kind == "parquet":
             return _parquet(table, path, optional, columns, changes)
@@ -229,9 +229,9 @@ def _keys(objects: list[dict]) -> list[str]:
     return list(dict.fromkeys(k for o in objects for k in o))
 
 
-#: a Debezium op's rows: (change type, image)
+#: a Debezium op's rows: (change type, image; None: the row's columns are NULL)
 _OPS = {"c": [("insert", "after")], "r": [("insert", "after")], "d": [("delete", "before")],
-        "u": [("update_preimage", "before"), ("update_postimage", "after")]}
+        "u": [("update_preimage", "before"), ("update_postimage", "after")], "t": [(TRUNCATE, None)]}
 
 
 def _debezium(table: TableConfig, path: str, optional: Collection[str]) -> tuple[list[str], list[dict]]:
@@ -257,7 +257,7 @@ def _debezium(table: TableConfig, path: str, optional: Collection[str]) -> tuple
                 or any(not isinstance(v, int) or isinstance(v, bool) for v in versions):
             raise _Decline("op or version")
         for kind, image in _OPS[op]:
-            values = _of(event.get(image), dict)
+            values = {} if image is None else _of(event.get(image), dict)
             rows.append({**values, CHANGE_TYPE: kind, COMMIT_VERSION: versions[0]})
     for found in images.values():
         names = _keys(found)
@@ -282,11 +282,12 @@ def _build(table: TableConfig, records: tuple[list[str], list], optional: Collec
     for c, (arrow_type, from_text, from_json) in columns.items():
         convert = from_text if fmt == "csv" else from_json
         values = [None if r.get(c) is None else convert(r[c]) for r in rows]
-        if c in (table.key or []) and any(v is None for v in values):
+        if c in (table.key or []) and any(v is None and r.get(CHANGE_TYPE) != TRUNCATE
+                                          for v, r in zip(values, rows, strict=True)):
             raise _Decline(f"a NULL key {c}")
         out[c] = pa.array(values, arrow_type)
     if changes:
-        change = [_change_type(r.get(CHANGE_TYPE)) for r in rows]
+        change = [_change_type(r.get(CHANGE_TYPE), fmt == "debezium") for r in rows]
         versions = [_version(r.get(COMMIT_VERSION)) for r in rows]
         if len({v is None for v in versions}) > 1:
             raise _Decline("some rows without a commit version")
@@ -305,9 +306,10 @@ def _check_names(table: TableConfig, names: list[str], optional: Collection[str]
         raise _Decline("columns")
 
 
-def _change_type(value) -> str:
+def _change_type(value, debezium: bool = False) -> str:
+    """A native file's change type as Spark's reader reads it, or the type `_debezium` gave a row."""
     kind = _of(value, str).strip(" ").lower()  # (Spark's trim takes spaces only)
-    if kind not in CHANGE_TYPES:
+    if kind not in CHANGE_TYPES and not (debezium and kind == TRUNCATE):
         raise _Decline(kind)
     return kind
 

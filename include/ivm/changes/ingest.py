@@ -14,7 +14,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import logging
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +31,7 @@ from ivm.changes.reader import (
     BAD,
     RAW,
     SEQ,
+    TRUNCATE,
     check_path,
     describe_row,
     read_cdf,
@@ -124,10 +125,13 @@ def append_log(spark: Callable[[], SparkSession], catalog: Catalog, warehouse: W
     changes = (read_cdf if fmt == "cdf" else read_debezium)(spark(), name, table, path, optional).cache()
     try:
         # one job for the whole file: row count, bad rows, commit-version range
+        truncate = F.col(CHANGE_TYPE) == TRUNCATE
         stats = changes.agg(F.count(F.lit(1)).alias("rows"),
                             F.count(BAD).alias("bad"),
                             F.min(COMMIT_VERSION).alias("lo"), F.max(COMMIT_VERSION).alias("hi"),
-                            F.count(COMMIT_VERSION).alias("versioned")).collect()[0]
+                            F.count(COMMIT_VERSION).alias("versioned"),
+                            F.collect_list(F.when(truncate, F.struct(COMMIT_VERSION, SEQ))).alias("truncates")
+                            ).collect()[0]
         if stats.bad:
             _first_bad_row(changes, name, table, path, with_version=True)
         if stats.rows == 0:
@@ -142,7 +146,9 @@ def append_log(spark: Callable[[], SparkSession], catalog: Catalog, warehouse: W
                                   f"{COMMIT_VERSION} while other rows do; nothing was stored")
         else:  # the catalog checks the range when it records the segment
             lo, hi = int(stats.lo), int(stats.hi)
-        segment = write_segment(catalog, warehouse, name, table, changes, lo, hi, int(stats.rows), path, fmt, digest)
+        truncates = [(lo if t[COMMIT_VERSION] is None else t[COMMIT_VERSION], t[SEQ]) for t in stats.truncates]
+        segment = write_segment(catalog, warehouse, name, table, changes, lo, hi, int(stats.rows), path, fmt, digest,
+                                truncates=truncates)
     finally:
         changes.unpersist()
     log.info("appended %s rows to the log of %s as segment %s", stats.rows, name, segment.id)
@@ -159,7 +165,11 @@ def _append_arrow(catalog: Catalog, warehouse: Warehouse, name: str, table: Tabl
         lo = hi = catalog.last_commit_version(name) + 1
     else:
         lo, hi = pc.min(versions).as_py(), pc.max(versions).as_py()
-    segment = write_segment(catalog, warehouse, name, table, changes, lo, hi, changes.num_rows, path, fmt, digest)
+    found = changes.filter(pc.equal(changes.column(CHANGE_TYPE), TRUNCATE))
+    truncates = [(lo if v is None else v, i) for v, i in zip(found.column(COMMIT_VERSION).to_pylist(),
+                                                            found.column(SEQ).to_pylist(), strict=True)]
+    segment = write_segment(catalog, warehouse, name, table, changes, lo, hi, changes.num_rows, path, fmt, digest,
+                            truncates=truncates)
     log.info("appended %s rows to the log of %s as segment %s (read without Spark)", changes.num_rows, name,
              segment.id)
     return AppendResult(name, segment, changes.num_rows)
@@ -167,11 +177,12 @@ def _append_arrow(catalog: Catalog, warehouse: Warehouse, name: str, table: Tabl
 
 def write_segment(catalog: Catalog, warehouse: Warehouse, name: str, table: TableConfig,
                   changes: DataFrame | pa.Table, lo: int, hi: int, rows: int, source: str, fmt: str, digest: str,
-                  restores: int | None = None) -> SegmentRef:
+                  restores: int | None = None, truncates: Sequence[tuple[int, int]] = ()) -> SegmentRef:
     """Write checked changes (the table's columns, ``_change_type``, ``_seq``, ``_commit_version`` or
     NULL for ``lo``; a DataFrame, or an Arrow table the Arrow reader read) as one Parquet segment and
     record it: the commit point of an append. The file goes again if the catalog refuses it.
-    ``restores``: see `Catalog.add_segment`."""
+    ``truncates``: the positions of its truncates (commit version, ``_seq``); ``restores``: see
+    `Catalog.add_segment`."""
     bounds = segment_key_bounds(catalog, name, table, changes)
     segment_path = warehouse.log_path(name, new_id(f"{lo:020d}-"))
     if isinstance(changes, pa.Table):  # (the same columns, in the same order, as Spark writes them)
@@ -184,7 +195,7 @@ def write_segment(catalog: Catalog, warehouse: Warehouse, name: str, table: Tabl
                         F.coalesce(F.col(COMMIT_VERSION), F.lit(lo).cast("long")).alias(COMMIT_VERSION), F.col(SEQ))
                 .coalesce(1).write.mode("error").parquet(segment_path))
     try:
-        return catalog.add_segment(name, segment_path, source, fmt, digest, lo, hi, rows, bounds, restores)
+        return catalog.add_segment(name, segment_path, source, fmt, digest, lo, hi, rows, bounds, restores, truncates)
     except BaseException:
         warehouse.delete(segment_path)
         raise

@@ -102,13 +102,15 @@ def restore(spark: SparkSession, catalog: Catalog, warehouse: Warehouse, config:
         raise ChangeDataError(f"table {name}: Delta version {named} lies below the version the views hold "
                               f"({_named(config, name, absorbed)}), and a Delta source's versions are its table's: "
                               "correct the Delta table itself (ivm reads the correcting commit)")
-    changes = read_log(spark, table, catalog.segments(name, version - 1, version), version - 1, version)
+    segments = catalog.segments(name, version - 1, version)
+    changes = read_log(spark, table, segments, version - 1, version)
     rows = changes.count()  # (a quarantined commit is one commit: small)
     new = catalog.last_commit_version(name) + 1
     source = f"quarantine of {name} commit version {version}"
     digest = hashlib.sha256(f"{source} as {new}".encode()).hexdigest()
     changes = changes.withColumn(COMMIT_VERSION, F.lit(new).cast("long"))
+    truncates = [(new, i) for s in segments for _, i in s.truncates_in(version - 1, version)]
     segment = write_segment(catalog, warehouse, name, table, changes, new, new, rows, source, "cdf", digest,
-                            restores=version)
+                            restores=version, truncates=truncates)
     return (f"{name}: commit version {named} lies below what refreshes have absorbed since ({absorbed}); its {rows} "
             f"changes are appended again as commit version {new} (segment {segment.id}), the next refresh applies them")

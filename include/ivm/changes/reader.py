@@ -31,6 +31,9 @@ from ivm.config import CHANGE_TYPE, COMMIT_VERSION, TableConfig
 from ivm.errors import ChangeDataError
 
 CHANGE_TYPES = ("insert", "delete", "update_preimage", "update_postimage")
+#: a log row of this change type (its columns NULL) deletes every row the table holds at its position
+#: (a Debezium ``op: t``; the trim, ivm.changes.trim, reads the whole table for it)
+TRUNCATE = "truncate"
 SEQ = "_seq"
 BAD = "_bad"
 RAW = "_raw"
@@ -219,8 +222,9 @@ def read_debezium(spark: SparkSession, name: str, table: TableConfig, path: str,
     """Debezium change events: c/r insert ``after``, d deletes ``before``, u gives ``before`` as the
     update preimage and ``after`` as the postimage (key changes included); on a keyed table a ``before``
     with the key alone (the other fields null) or none at all (an update) names the row by its key.
-    Tombstones (empty or ``null`` lines, a wrapper whose payload is null) and transaction metadata
-    records (BEGIN/END) are skipped. The commit version is ``source.lsn``, else ``ts_ms``."""
+    t (a truncate) becomes one `TRUNCATE` row, its columns NULL. Tombstones (empty or ``null`` lines, a
+    wrapper whose payload is null) and transaction metadata records (BEGIN/END) are skipped. The commit
+    version is ``source.lsn``, else ``ts_ms``."""
     check_path(path)
     text = _read_json_lines(spark, path).where(F.trim("value") != "null")
     # a tombstone is a null message, or a Kafka Connect wrapper whose payload is null
@@ -247,13 +251,15 @@ def read_debezium(spark: SparkSession, name: str, table: TableConfig, path: str,
     images = images.when(op == "u", F.array(
         F.struct(F.lit("update_preimage").alias("t"), F.lit("before").alias("img")),
         F.struct(F.lit("update_postimage").alias("t"), F.lit("after").alias("img"))))
+    images = images.when(op == "t", F.array(F.struct(F.lit(TRUNCATE).alias("t"), F.lit(None).cast("string")
+                                                     .alias("img"))))
     images = images.otherwise(F.array(F.struct(F.lit(None).cast("string").alias("t"),
                                                F.lit("after").alias("img"))))
     ev = ev.select("*", F.posexplode(images).alias("__pos", "__img"))
     use_before = F.col("__img.img") == "before"
     image_json = F.when(use_before, F.get_json_object("__env", "$.before")).otherwise(
         F.get_json_object("__env", "$.after"))
-    image = F.when(use_before, F.col("__p.before")).otherwise(F.col("__p.after"))
+    image = F.when(use_before, F.col("__p.before")).when(F.col("__img.img") == "after", F.col("__p.after"))
     parsed = {c: image.getField(c) for c in table.columns}
     raw_present = {c: F.get_json_object(image_json, f"$.{c}").isNotNull() for c in table.columns}
     if table.keyed:
@@ -269,12 +275,13 @@ def read_debezium(spark: SparkSession, name: str, table: TableConfig, path: str,
         image_json = F.when(no_before, after_json).otherwise(image_json)
     cols, checks = _typed_columns(ev, name, table, raw_present, parsed)
     version = F.coalesce(F.col("__p.source.lsn"), F.col("__p.ts_ms"), F.col("__p.source.ts_ms"))
+    imaged = F.col("__img.img").isNotNull()  # (a truncate has no image: its row's columns are NULL)
     checks = [
         (F.col("__p").isNull() | op.isNull(), "not a Debezium change event (no op)"),
-        (F.col("__img.t").isNull(), "op must be one of c, r, u, d"),
-        (image_json.isNull(), "the event has no " + "before/after image for its op"),
+        (F.col("__img.t").isNull(), "op must be one of c, r, u, d, t"),
+        (imaged & image_json.isNull(), "the event has no " + "before/after image for its op"),
         (version.isNull(), "the event has neither source.lsn nor ts_ms"),
-    ] + checks
+    ] + [(imaged & check, message) for check, message in checks]
     return ev.select(*cols,
                      F.col("__img.t").alias(CHANGE_TYPE),
                      version.alias(COMMIT_VERSION),

@@ -7,6 +7,11 @@ collapses to its first before-image against its last after-image (insert→updat
 update that restores the old row is a no-op); for an unkeyed (bag) table the net effect of a tuple is
 the sum of its signed counts. The result is a Z-set delta (docs/design.md §2).
 
+A truncate (a Debezium ``op: t``) deletes every row the table holds at its position: a range that holds
+one reads the table whole, and each key's (a bag tuple's) chain restarts empty after it — its changes
+are numbered by the truncates before them (their era), checked within their era, and the net delta
+keeps only what the last era added.
+
 The changes are checked in order against the snapshot they apply to (restricted to the keys in
 play) in the same Spark plan that computes the net delta: the check is observed (a Spark Observation)
 while the delta is written, and the first bad change is reported with its table, commit version and
@@ -25,7 +30,7 @@ from pyspark.sql import Column, DataFrame, Observation, Window
 from pyspark.sql import functions as F
 
 from ivm.changes.delta import named_version, version_noun
-from ivm.changes.reader import SEQ, describe_row
+from ivm.changes.reader import SEQ, TRUNCATE, describe_row
 from ivm.config import CHANGE_TYPE, COMMIT_VERSION, COUNT_COLUMN, TableConfig
 from ivm.errors import BadChange
 from ivm.spark import observed
@@ -36,6 +41,7 @@ ROW = "__row"
 IS_OLD = "__old"
 PROBLEM = "__problem"
 PREV_SIGN, PREV_ROW, IS_LAST, FIRST_OLD, FIRST_ROW = "__prev_sign", "__prev_row", "__last", "__first_old", "__first_row"
+ERA = "__era"
 ORDER = [COMMIT_VERSION, SEQ]
 
 
@@ -75,6 +81,16 @@ def _old_events(old: DataFrame, columns: Sequence[str], keep: Sequence[str], sig
                       F.lit(-1).cast("long").alias(COMMIT_VERSION), F.lit(-1).cast("long").alias(SEQ),
                       F.lit(None).cast("string").alias(CHANGE_TYPE), F.lit(True).alias(IS_OLD),
                       F.lit(None).cast("string").alias("__pairing"))
+
+
+def _with_era(events: DataFrame, truncates: Sequence[tuple[int, int]]) -> DataFrame:
+    """The changes but the truncates, each with its era: how many of the range's ``truncates`` (commit
+    version, ``_seq``) come before it."""
+    era = F.lit(0)
+    for version, seq in truncates:
+        after = (F.col(COMMIT_VERSION) > version) | ((F.col(COMMIT_VERSION) == version) & (F.col(SEQ) > seq))
+        era = era + F.when(after, 1).otherwise(0)
+    return events.where(F.col(CHANGE_TYPE) != TRUNCATE).withColumn(ERA, era)
 
 
 def skip_column(table: TableConfig) -> str:
@@ -138,16 +154,18 @@ def _stored_at(snapshot: DataFrame, touched: DataFrame, columns: list[str], stor
 
 
 def _keyed(events: DataFrame, snapshot: DataFrame | None, table: TableConfig, stored_rows: int, small: bool,
-           bounds: KeyBounds | None, keys: tuple[list, bool] | None, added: Collection[str] = ()) -> DataFrame:
+           bounds: KeyBounds | None, keys: tuple[list, bool] | None, added: Collection[str] = (),
+           truncated: bool = False) -> DataFrame:
     """The events of a table with a primary key, after its stored rows, each with its problem (no
-    ``snapshot``: a trusted feed, `_trusted_keyed`)."""
+    ``snapshot``: a trusted feed, `_trusted_keyed`). ``truncated``: the range holds truncates (the events
+    carry their `ERA`): every stored row is in play, and a key's chain restarts empty in each era."""
     if snapshot is None:
         return _trusted_keyed(events, table, small)
     columns, key = list(table.columns), list(table.key or [])
     by_key = [F.col(f"`{c}`") for c in key]
     touched = events.select(*by_key)  # (a semi-join needs no distinct keys)
     # (a query reads the changes as they come; none where the driver holds the keys)
-    skip = None if keys is not None else _skip_bounds(touched, key[0], stored_rows, bounds)
+    skip = None if keys is not None or truncated else _skip_bounds(touched, key[0], stored_rows, bounds)
     if not small:
         # the changes hashed by their key once (002 §3's hash table): the semi-join finding the stored
         # rows at their keys then shuffles only the stored side, and their consolidation, the union and
@@ -155,15 +173,17 @@ def _keyed(events: DataFrame, snapshot: DataFrame | None, table: TableConfig, st
         # and again by key: lineitem at SF 10, 600k changes, 2.2-2.3 s against 2.6-2.7)
         events = events.repartition(*by_key)
         touched = events.select(*by_key)
-    stored = _stored_at(snapshot, touched, key, stored_rows, small, skip, merge=not small, keys=keys)
-    old = consolidate(stored, columns)
-    timeline = events.unionByName(_old_events(old, columns, key, F.lit(1).cast("long")))
+    stored = snapshot if truncated else _stored_at(snapshot, touched, key, stored_rows, small, skip, merge=not small,
+                                                   keys=keys)
+    old = _old_events(consolidate(stored, columns), columns, key, F.lit(1).cast("long"))
+    timeline = events.unionByName(old.withColumn(ERA, F.lit(0)) if truncated else old)
     # each key's chain in commit order, in one window: the step before each change (what it applies
     # to), whether it is the chain's last, and the chain's first step (the stored row, if the key has
-    # one: it comes before every change)
+    # one: it comes before every change); after a truncate, a change applies to no row (its era's first)
     w = Window.partitionBy(*by_key).orderBy(*ORDER)
+    in_era = Window.partitionBy(*by_key, F.col(ERA)).orderBy(*ORDER) if truncated else w
     since_first = w.rowsBetween(Window.unboundedPreceding, Window.currentRow)
-    timeline = timeline.select("*", F.lag(SIGN).over(w).alias(PREV_SIGN), F.lag(ROW).over(w).alias(PREV_ROW),
+    timeline = timeline.select("*", F.lag(SIGN).over(in_era).alias(PREV_SIGN), F.lag(ROW).over(in_era).alias(PREV_ROW),
                                F.lead(SIGN).over(w).isNull().alias(IS_LAST),
                                F.first(IS_OLD).over(since_first).alias(FIRST_OLD),
                                F.first(ROW).over(since_first).alias(FIRST_ROW))
@@ -235,15 +255,17 @@ def _trusted_keyed(events: DataFrame, table: TableConfig, small: bool) -> DataFr
                          F.first(ROW).over(since_first).alias(FIRST_ROW), problem.alias(PROBLEM))
 
 
-def _keyed_delta(annotated: DataFrame, table: TableConfig, updates: Observation) -> DataFrame:
-    """002 §3: the net effect of a key's chain is its first before-image against its last after-image.
+def _keyed_delta(annotated: DataFrame, table: TableConfig, updates: Observation, truncates: int = 0) -> DataFrame:
+    """002 §3: the net effect of a key's chain is its first before-image against its last after-image
+    (after ``truncates`` truncates, an after-image of the last era only).
     ``updates`` observes how many keys keep a row with a new value (both images: updated)."""
     columns = list(table.columns)
     # (the chain's last step carries its first: a filter, where grouping by key took a second pass
     # over the sorted chains with min_by/max_by of structs)
     chains = annotated.where(F.col(IS_LAST))
     before = F.when(F.col(FIRST_OLD), F.col(FIRST_ROW))
-    after = F.when(F.col(SIGN) > 0, F.col(ROW))
+    added = F.col(SIGN) > 0
+    after = F.when(added & (F.col(ERA) == truncates) if truncates else added, F.col(ROW))
     noop = before.eqNullSafe(after)
     # (array_compact, not F.filter with a Python lambda: PySpark names a lambda's variable afresh each
     # time (x_7, x_9, ...) and the name is part of the generated code, which then compiles again)
@@ -257,18 +279,21 @@ def _keyed_delta(annotated: DataFrame, table: TableConfig, updates: Observation)
 
 
 def _unkeyed(events: DataFrame, snapshot: DataFrame | None, table: TableConfig, stored_rows: int, small: bool,
-             bounds: KeyBounds | None, keys: tuple[list, bool] | None) -> DataFrame:
+             bounds: KeyBounds | None, keys: tuple[list, bool] | None, truncated: bool = False) -> DataFrame:
     """The events of a bag table, after its stored tuples, each with its problem (no ``snapshot``: a
     trusted feed, whose problems are the update images' pairing alone: a bag's net delta is the sum of
-    its changes' signs, which needs no stored tuple)."""
+    its changes' signs, which needs no stored tuple). ``truncated``: as `_keyed`'s, a tuple's copies
+    counted afresh in each era."""
     if snapshot is None:
         return events.withColumn(PROBLEM, F.col("__pairing"))
     columns = list(table.columns)
     touched = events.select(*[F.col(f"`{c}`") for c in columns])
-    skip = None if keys is not None else _skip_bounds(touched, columns[0], stored_rows, bounds)
-    old = consolidate(_stored_at(snapshot, touched, columns, stored_rows, small, skip, keys=keys), columns)
-    timeline = events.unionByName(_old_events(old, columns, columns, F.col(COUNT_COLUMN)))
-    w = Window.partitionBy(ROW).orderBy(*ORDER).rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    skip = None if keys is not None or truncated else _skip_bounds(touched, columns[0], stored_rows, bounds)
+    stored = snapshot if truncated else _stored_at(snapshot, touched, columns, stored_rows, small, skip, keys=keys)
+    old = _old_events(consolidate(stored, columns), columns, columns, F.col(COUNT_COLUMN))
+    timeline = events.unionByName(old.withColumn(ERA, F.lit(0)) if truncated else old)
+    by = [F.col(ROW), F.col(ERA)] if truncated else [F.col(ROW)]
+    w = Window.partitionBy(*by).orderBy(*ORDER).rowsBetween(Window.unboundedPreceding, Window.currentRow)
     copies = F.sum(SIGN).over(w)
     problem = (F.when(F.col(IS_OLD), None)
                 .when(F.col("__pairing").isNotNull(), F.col("__pairing"))
@@ -276,9 +301,13 @@ def _unkeyed(events: DataFrame, snapshot: DataFrame | None, table: TableConfig, 
     return timeline.withColumn(PROBLEM, problem)
 
 
-def _unkeyed_delta(annotated: DataFrame, table: TableConfig) -> DataFrame:
-    """A bag tuple's net effect is the sum of its changes' counts."""
+def _unkeyed_delta(annotated: DataFrame, table: TableConfig, truncates: int = 0) -> DataFrame:
+    """A bag tuple's net effect is the sum of its changes' counts; after ``truncates`` truncates, the sum
+    of the last era's, less the copies stored."""
     columns = list(table.columns)
+    if truncates:
+        n = F.when(F.col(IS_OLD), -F.col(SIGN)).when(F.col(ERA) == truncates, F.col(SIGN)).otherwise(0)
+        return consolidate(annotated.select(*[F.col(f"`{c}`") for c in columns], n.alias(COUNT_COLUMN)), columns)
     changes = annotated.where(~F.col(IS_OLD))
     return consolidate(changes.select(*[F.col(f"`{c}`") for c in columns], F.col(SIGN).alias(COUNT_COLUMN)), columns)
 
@@ -328,7 +357,8 @@ def _observed(o: Observation) -> dict | None:
 
 def trim(name: str, table: TableConfig, log: DataFrame, snapshot: DataFrame | None, stored_rows: int = 0,
          update_images: bool = True, small: bool = False, bounds: KeyBounds | None = None,
-         keys: tuple[list, bool] | None = None, added: Collection[str] = ()) -> NetDelta:
+         keys: tuple[list, bool] | None = None, added: Collection[str] = (),
+         truncates: Sequence[tuple[int, int]] = ()) -> NetDelta:
     """The net delta of ``log`` (the changes in the refresh's range, in any order) against ``snapshot``
     (the table's current layers, unconsolidated; ``stored_rows`` of them: a large table gets a skipping
     filter; None: ``log`` is a feed trusted to apply, a Delta source's without ``verify_changes``, and no
@@ -339,24 +369,33 @@ def trim(name: str, table: TableConfig, log: DataFrame, snapshot: DataFrame | No
     ``keys``: for a small change, the log's values of `skip_column` and whether one is NULL, as the
     driver read them from its segments (`ivm.changes.ingest.log_keys`; None: found by the plan).
     ``added``: the columns a keyed table gained since it held data (ivm.evolution): a removal that
-    leaves one NULL matches the stored row on the others (a file of the older schema).
+    leaves one NULL matches the stored row on the others (a file of the older schema). ``truncates``:
+    the positions (commit version, ``_seq``) of the range's truncates, as the catalog recorded them
+    (`ivm.catalog.store.SegmentRef.truncates`): the table is read whole.
 
     The check rides on the delta's plan (one action computes both; a check and a write apart took a
     second pass over a cached timeline): the caller writes ``delta``, then calls ``check()``, and drops
     what it wrote when that raises.
     """
+    if truncates and snapshot is None:  # (a trusted feed is a Delta table's change data feed: it has none)
+        raise ValueError(f"table {name}: a trusted feed holds no truncates")
+    if truncates:  # (every stored row is in play: not a small change)
+        small, bounds = False, None
     keys = keys if small else None  # (a large change's stored rows are found by a join)
     # (a keyed table's events carry its key beside the row, not every column twice: half the shuffle)
     events = _events(one_partition(log) if small else log, list(table.columns), list(table.key or table.columns),
                      update_images)
-    annotated = (_keyed(events, snapshot, table, stored_rows, small, bounds, keys, added) if table.keyed
-                 else _unkeyed(events, snapshot, table, stored_rows, small, bounds, keys))
+    if truncates:
+        events = _with_era(events, truncates)
+    truncated = bool(truncates)
+    annotated = (_keyed(events, snapshot, table, stored_rows, small, bounds, keys, added, truncated) if table.keyed
+                 else _unkeyed(events, snapshot, table, stored_rows, small, bounds, keys, truncated))
     bad = F.col(PROBLEM).isNotNull()
     first = F.struct(*[F.col(ROW).getField(c).alias(c) for c in table.columns], F.col(COMMIT_VERSION), F.col(PROBLEM))
     observed = Observation(f"trim {name}")
     annotated = annotated.observe(observed, F.count(F.when(bad, 1)).alias("problems"),
                                   F.min_by(F.when(bad, first), F.when(bad, F.struct(*ORDER))).alias("first"))
     if not table.keyed:
-        return NetDelta(name, table, _unkeyed_delta(annotated, table), observed)
+        return NetDelta(name, table, _unkeyed_delta(annotated, table, len(truncates)), observed)
     updates = Observation(f"trim {name} updates")
-    return NetDelta(name, table, _keyed_delta(annotated, table, updates), observed, updates)
+    return NetDelta(name, table, _keyed_delta(annotated, table, updates, len(truncates)), observed, updates)

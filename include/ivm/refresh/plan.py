@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ivm.catalog.store import LayerRef, aware, new_id
-from ivm.changes import delta
+from ivm.changes import cancel, delta
 from ivm.context import RunContext
 from ivm.errors import ConfigError, NotFoundError, RunError
 from ivm.lang import compile_project
@@ -128,6 +128,9 @@ def plan(ctx: RunContext, views: list[str] | None = None, mode: str = Mode.AUTO,
                 live = _live_segments(catalog, name, wm, newest)
                 if not live:  # (every commit past the watermark set aside: nothing to trim, no Spark)
                     continue
+                if _cancels(ctx, name, live, wm, newest):
+                    p.cancelled.append(f"{name} (commit versions {wm + 1}..{newest})")
+                    continue
                 rows = sum(s.rows for s in live)
             else:
                 rows = (delta.change_rows(where, name, delta.delta_version(wm), delta.delta_version(newest)) if wm
@@ -154,6 +157,17 @@ def _live_segments(catalog, table: str, after: int, upto: int) -> list:
     return [s for s in catalog.segments(table, after, upto)
             if not all(v in aside for v in range(max(s.min_commit_version, after + 1),
                                                   min(s.max_commit_version, upto) + 1))]
+
+
+def _cancels(ctx: RunContext, table: str, segments: list, after: int, upto: int) -> bool:
+    """Whether the log range (after, upto] is small and, read on the driver, cancels out: every change
+    applies and the net delta is empty (ivm.changes.cancel). The table is then left out of the run like
+    a range set aside — its watermark stays, a later trim reads the range again with what follows — so a
+    refresh whose changes all cancel starts no Spark and recomputes nothing."""
+    layers = [x.path for x in ctx.catalog.state(table).layers]
+    skip = {q.commit_version for q in ctx.catalog.quarantined(table)}
+    added = ctx.catalog.table_defs()[table].added_columns or []
+    return cancel.cancels(ctx.warehouse, ctx.config.tables[table], segments, layers, after, upto, skip, added)
 
 
 def _newest(ctx: RunContext, table: str) -> int:

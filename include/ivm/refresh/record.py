@@ -185,6 +185,8 @@ class Plan:
     mode: Mode = Mode.AUTO
     #: a replay (``ivm backfill --from-version N``): where it starts; see `ivm.refresh.plan.plan_replay`
     replay: Replay | None = None
+    #: the tables left out because their changes cancel out ("t (commit versions 5..6)"; not recorded)
+    cancelled: list[str] = field(default_factory=list)
 
     def record(self, versions: dict[str, int | None]) -> StageRecord:
         """The plan stage's record: the plan and the relation versions it read (publish checks that

@@ -170,6 +170,8 @@ def refresh(ctx: RunContext, progress: Progress = lambda _: None, views: list[st
 
         emitter = Emitter.for_project(ctx.config)
     p = plan(ctx, views, mode, run_id, from_version)
+    if p.cancelled:
+        progress(f"plan: the changes of {', '.join(p.cancelled)} cancel out; left for a later trim")
     if not p.tables and not p.views:
         progress("plan: no table has changes past its watermark and every view is current; nothing to refresh")
         publish.catch_up_sinks(ctx, p.snapshot, progress)

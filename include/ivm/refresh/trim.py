@@ -115,9 +115,11 @@ def trim_table(ctx: RunContext, run_id: str, item: TableDelta) -> Callable[[], T
         # a small change's keys read on the driver: the stored rows found at them by an IN list
         keys = log_keys(ctx.warehouse, table, segments, item.from_version, item.to_version, skipped) \
             if small else None
+        # (the range's truncates, as the catalog recorded them: the table is then read whole)
+        truncates = sorted(t for s in segments for t in s.truncates_in(item.from_version, item.to_version, skipped))
         return trim(name, table, changes, current, sum(x.rows or 0 for x in layers),
                     update_images=has_update_images(ctx.warehouse, segments), small=small, bounds=bounds, keys=keys,
-                    added=added)
+                    added=added, truncates=truncates)
 
     def run() -> TableDelta:
         _stage_skipping(ctx, run_id, item, skip, net_delta)
