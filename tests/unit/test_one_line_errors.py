@@ -1,14 +1,18 @@
 """Every documented error of the `ivm` command is one line on stderr and its exit code (docs/reference/cli.md),
 whatever starts underneath — run as a user runs it, the `ivm` executable in a fresh process: a malformed
 project file, an unknown name, a missing file, a misspelt column (found from the file's header before any
-JVM starts), an unreachable catalog, an unreachable Spark Connect server, and a bad change refused by a
-refresh on local Spark, whose JVM's own warnings (``Using incubator modules``) and Spark's log stay out of
-the terminal (in ``spark-driver.log``). A reader that leaves the pipe early ends the command quietly.
+JVM starts), an unreachable catalog, an unreachable Spark Connect server, a view another run holds, a
+view whose expectations fail, and a bad change refused by a refresh on local Spark, whose JVM's own
+warnings (``Using incubator modules``) and Spark's log stay out of the terminal (in
+``spark-driver.log``). A reader that leaves the pipe early ends the command quietly.
 
-No Spark runs in this test's process; one case starts a local JVM in the `ivm` subprocess."""
+No Spark runs in this test's process; the cases that refresh start a local JVM in the `ivm` subprocess.
+(Exit code 6, a stage asked for out of order, is the DAG's stage commands' (`jobs/ivm_stage.py`), not
+the `ivm` command's: tests/spark/test_stages.py.)"""
 
 from __future__ import annotations
 
+import datetime
 import os
 import subprocess
 import time
@@ -23,6 +27,11 @@ tables:
   customers: {columns: {name: string, city: string}, key: [name]}
 views:
   per_customer: {sql: "SELECT customer, sum(amount) AS total FROM orders GROUP BY customer"}
+  checked:
+    sql: "SELECT customer, count(*) AS n FROM orders GROUP BY customer"
+    validate:
+      policy: fail
+      expectations: [{type: expect_column_values_to_be_between, kwargs: {column: n, max_value: 0}}]
 """
 
 
@@ -96,6 +105,24 @@ def test_an_unreachable_catalog(root):
 def test_an_unreachable_spark_connect_server(root):
     line = one_line(ivm(root, "apply", env={"SPARK_REMOTE": "sc://127.0.0.1:9"}), 8)
     assert "sc://127.0.0.1:9" in line
+
+
+def test_a_view_another_run_is_refreshing(applied):
+    from ivm import Project
+
+    p = Project.open(str(applied / "ivm.yaml"))  # (the catalog alone: no Spark in this process)
+    try:
+        p.catalog.acquire_leases("held-by-the-test", ["per_customer"], datetime.timedelta(minutes=10))
+        line = one_line(ivm(applied, "refresh", "per_customer", "--mode", "full"), 4)
+        assert "per_customer is being refreshed by run held-by-the-test" in line
+    finally:
+        p.catalog.release_leases("held-by-the-test")
+        p.close()
+
+
+def test_a_view_whose_expectations_fail(applied):
+    line = one_line(ivm(applied, "refresh", "checked"), 7)
+    assert "view checked" in line and "nothing was published" in line
 
 
 def test_a_bad_change_refused_by_a_refresh_on_local_spark(applied):
