@@ -19,6 +19,7 @@ from enum import StrEnum
 from sqlglot import exp
 
 from ivm.ir import Condition, Const, GroupBy, Literal, Program, Rule, SetOf, Unnest, Var
+from ivm.vocabulary import Kind
 
 OPERATIONS = ("insert", "delete", "update")
 SUBQUERY = ("exists", "in")
@@ -127,7 +128,7 @@ def _analyse_rule(program: Program, rule: Rule, result: KeyAnalysis) -> None:
     # EXISTS/IN/NOT EXISTS subqueries, and Datalog's negated atoms over tables (a NOT EXISTS of one table)
     subquery = [i for i in rule.body if isinstance(i, Literal) and (
         program.predicates[i.atom.pred].role in SUBQUERY
-        or (i.negated and program.predicates[i.atom.pred].kind == "base"))]
+        or (i.negated and program.predicates[i.atom.pred].kind == Kind.BASE))]
     top = [i.atom for i in rule.body if isinstance(i, Literal) and not i.negated and i not in subquery]
     # 003 Definition 5.1: projected columns, columns equal to constants, then keys to a fixpoint
     bound = {a.name for a in rule.head.args if isinstance(a, Var)} | _constant_vars(rule)
@@ -137,7 +138,7 @@ def _analyse_rule(program: Program, rule: Rule, result: KeyAnalysis) -> None:
     for i, atom in enumerate(top):
         ref = Reference(atom.pred, "top-level")
         key = _keys_bound(program, atom.pred, atom.args, bound, whole[i])
-        if program.predicates[atom.pred].kind != "base":
+        if program.predicates[atom.pred].kind != Kind.BASE:
             why = f"{_label(program, atom.pred)} has no declared key (key-based maintenance needs base tables)"
             ref.decisions = {"insert": (Decision.INCREMENTAL, "inserts are checked against the view (\"not in V\")"),
                              "delete": (Decision.REMATERIALIZE, why), "update": (Decision.REMATERIALIZE, why)}
@@ -158,7 +159,7 @@ def _analyse_rule(program: Program, rule: Rule, result: KeyAnalysis) -> None:
 
 def _label(program: Program, pred: str) -> str:
     p = program.predicates[pred]
-    return f"view {pred}" if p.kind == "view" else f"the subquery {pred} of view {p.owner}"
+    return f"view {pred}" if p.kind == Kind.VIEW else f"the subquery {pred} of view {p.owner}"
 
 
 def _analyse_nested(program: Program, lit: Literal, outer_bound: set[str], result: KeyAnalysis) -> None:
@@ -175,7 +176,7 @@ def _analyse_nested(program: Program, lit: Literal, outer_bound: set[str], resul
         i_safe = all(isinstance(o, Const) or (isinstance(o, Var) and o.name in outer_bound) for o in lit.atom.args)
         context = "not exists" if lit.negated else "exists"
         for i, atom in enumerate(atoms):
-            if program.predicates[atom.pred].kind != "base":
+            if program.predicates[atom.pred].kind != Kind.BASE:
                 continue  # the probe of outer bindings a theta-correlated subquery joins with
             ref = Reference(atom.pred, context)
             key = _keys_bound(program, atom.pred, atom.args, correlated, whole[i])

@@ -18,6 +18,7 @@ from ivm import __version__
 from ivm.config import QUIET_JVM_ENV
 from ivm.errors import IvmError
 from ivm.modes import Mode
+from ivm.vocabulary import Outcome, StageName
 
 log = logging.getLogger("ivm")
 
@@ -218,7 +219,7 @@ def cmd_validate(args) -> int:
                         f"{c.seconds:.2f}"] for c in checks],
                       headers=["view", "status", "rows sampled", "mismatches", "expectations met", "report",
                                "seconds"], tablefmt="simple"))
-    failed = [c for c in checks if c.status == "failed"]
+    failed = [c for c in checks if c.status == Outcome.FAILED]
     if failed:
         raise ValidationError(f"view {failed[0].view}: {failed[0].problem}")
     return 0
@@ -245,9 +246,10 @@ def cmd_runs(args) -> int:
     for run in runs:
         seconds = _seconds(run)
         deltas = ", ".join(f"{s.relation}:{s.delta_rows}" for s in run.stages
-                           if s.stage == "trim" and s.delta_rows is not None)
+                           if s.stage == StageName.TRIM and s.delta_rows is not None)
         views = "\n".join(f"{s.relation} {s.mode} Δ{'' if s.delta_rows is None else s.delta_rows} "
-                          f"{s.seconds or 0:.2f}s{_crossover(s.detail)}" for s in run.stages if s.stage == "maintain")
+                          f"{s.seconds or 0:.2f}s{_crossover(s.detail)}"
+                          for s in run.stages if s.stage == StageName.MAINTAIN)
         validation = "\n".join(f"{v.view} {v.status}" + (f" ({v.mismatches} mismatches)" if v.mismatches else "")
                                for v in checks.get(run.id, []))
         table.append([run.id, run.kind, run.status, run.mode or "",
@@ -282,7 +284,7 @@ def _notes(run) -> str:
     notes = [f"{s.stage} {s.relation} version {s.detail['version']}: {s.detail['reason']}"
              for s in run.stages if s.stage in ("quarantine", "restore")]
     notes += [f"set aside {s.relation} commit {q['version']}: {q['reason']}"
-              for s in run.stages if s.stage == "trim" for q in s.detail.get("quarantined", [])]
+              for s in run.stages if s.stage == StageName.TRIM for q in s.detail.get("quarantined", [])]
     return "; ".join(notes)
 
 

@@ -27,6 +27,7 @@ from ivm.server import project_session
 from ivm.spark import quiet_query_context
 from ivm.storage import Warehouse
 from ivm.stratify import Strata, stratify
+from ivm.vocabulary import Kind
 from ivm.zset import expand
 
 
@@ -126,7 +127,7 @@ class RunContext:
     def base_tables(self, view: str) -> list[str]:
         """The tables ``view`` reads, directly or through the views below it, sorted."""
         program, strata = self.program
-        return sorted(u for u in strata.upstream(view) if program.predicates[u].kind == "base")
+        return sorted(u for u in strata.upstream(view) if program.predicates[u].kind == Kind.BASE)
 
     @property
     def lease_timeout(self) -> timedelta:

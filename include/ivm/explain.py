@@ -28,6 +28,7 @@ from ivm.maintain.strategy import KEYED, REDUCE, Choice, Strategy, lookup
 from ivm.modes import Mode
 from ivm.refresh.plan import RULES
 from ivm.stratify import Component, Strata
+from ivm.vocabulary import Kind
 
 
 @dataclass
@@ -132,7 +133,7 @@ def explain(program: Program, strata: Strata, config: ProjectConfig, view: str,
             choice: Choice | None = None) -> Explanation:
     pred = program.predicates[view]
     upstream = strata.upstream(view)
-    own = sorted(p for p, d in program.predicates.items() if d.kind == "aux" and d.owner == view)
+    own = sorted(p for p, d in program.predicates.items() if d.kind == Kind.AUX and d.owner == view)
     rule_preds = [view, *own, *extractions(program, upstream)]  # with 002's extraction rewrite
     component = next(c for c in strata.components if view in c.predicates)
     components = recursive_components(strata, view_predicates(program, strata, view))
@@ -151,8 +152,8 @@ def explain(program: Program, strata: Strata, config: ProjectConfig, view: str,
         columns=list(pred.columns),
         stratum=strata.stratum_of[view],
         recursive=component.recursive,
-        tables=sorted(p for p in upstream if program.predicates[p].kind == "base"),
-        views=sorted(p for p in upstream if program.predicates[p].kind == "view"),
+        tables=sorted(p for p in upstream if program.predicates[p].kind == Kind.BASE),
+        views=sorted(p for p in upstream if program.predicates[p].kind == Kind.VIEW),
         auxiliary=own,
         rules=[str(r) for p in rule_preds for r in program.rules_for(p)],
         algorithm=algorithm,

@@ -25,6 +25,7 @@ from ivm.spark import project_conf
 from ivm.storage import Warehouse
 from ivm.stratify import Strata
 from ivm.validate import ViewCheck, ViewState, check_views
+from ivm.vocabulary import Outcome
 
 log = logging.getLogger(__name__)
 
@@ -331,7 +332,7 @@ class Project:
                                                                 for t in sorted(read)}, sample, progress)
         finally:
             self.warehouse.delete(self.warehouse.path("staging", run_id))
-        failed = [c for c in checks if c.status == "failed"]
+        failed = [c for c in checks if c.status == Outcome.FAILED]
         self.catalog.finish_run(run_id, "failed" if failed else "succeeded",
                                 f"{failed[0].view}: {failed[0].problem}" if failed else None)
         return checks

@@ -51,6 +51,7 @@ from ivm.context import RunContext
 from ivm.errors import ChangeDataError, ConfigError, IvmError, one_line
 from ivm.spark import spark_errors
 from ivm.storage import SPARK_SCHEMA
+from ivm.vocabulary import StageName
 from ivm.zset import consolidate, negate, quote
 
 log = logging.getLogger(__name__)
@@ -554,7 +555,7 @@ def written(ctx: RunContext, run_id: str) -> dict[str, dict]:
     """What run ``run_id``'s sink stage wrote, by view: its record's detail (location, how, Delta version,
     the view's catalog version)."""
     run = ctx.catalog.get_run(run_id)
-    return {s.relation: s.detail for s in (run.stages if run else []) if s.stage == "sink" and s.relation}
+    return {s.relation: s.detail for s in (run.stages if run else []) if s.stage == StageName.SINK and s.relation}
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from pyspark.sql.types import LongType, StructField, StructType
 from ivm.catalog.store import WrittenLayer, new_id
 from ivm.changes import delta
 from ivm.config import COUNT_COLUMN
+from ivm.vocabulary import LayerKind
 from ivm.zset import BROADCAST_BYTES, VALUES_ON_DRIVER, consolidate, consolidate_onto, union_all
 
 log = logging.getLogger(__name__)
@@ -207,7 +208,7 @@ class Warehouse:
         """
         layer_id = _layer_id(relation, kind, run_id)
         path = self.layer_path(relation, layer_id)
-        if kind == "base" and cluster_by:
+        if kind == LayerKind.BASE and cluster_by:
             cols = [F.col(f"`{c}`") for c in cluster_by]
             df = df.repartitionByRange(max(1, files or 1), *cols).sortWithinPartitions(*cols)
         elif files:
@@ -275,7 +276,7 @@ class Warehouse:
         theirs on ``columns`` (the key the base layer is sorted by) are grouped with them
         (`zset.consolidate_onto`); else every tuple is grouped."""
         paths = [x.path for x in layers]
-        if not layers or layers[0].kind != "base":
+        if not layers or layers[0].kind != LayerKind.BASE:
             return consolidate(self.read_layers(spark, paths, schema))
         if len(layers) == 1:
             return self.read_layers(spark, paths, schema)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from ivm.errors import ConfigError
 from ivm.ir import Assign, Condition, Expr, GroupBy, Literal, Program, Rule, SetOf, Unnest, Var
+from ivm.vocabulary import Kind
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,7 @@ def stratify(program: Program) -> Strata:
     result: list[Component] = []
     for i, comp in enumerate(components):  # Tarjan yields components after everything they depend on
         below = [stratum[comp_of[d]] for p in comp for d in deps[p] if comp_of[d] != i]
-        base = all(program.predicates[p].kind == "base" for p in comp)
+        base = all(program.predicates[p].kind == Kind.BASE for p in comp)
         stratum[i] = 0 if base else 1 + max(below, default=0)
         recursive = len(comp) > 1 or any(p in deps[p] for p in comp)
         for head, body in nonmonotone:
@@ -128,7 +129,7 @@ def _recursive_sets(program: Program, comp: list[str]) -> None:
             continue
         readers = sorted({r.head.pred for r in program.rules if r.head.pred not in comp
                           and any(q == p for q, _ in r.predicates())})
-        if pred.kind == "view" or readers:
+        if pred.kind == Kind.VIEW or readers:
             raise ConfigError(f"views.{program.owner(p)}: {p} is recursive with bag semantics (WITH RECURSIVE "
                               "... UNION ALL); use UNION: recursive views are maintained as sets (DRed, 000 §7)")
         pred.semantics = "set"

@@ -39,6 +39,7 @@ from ivm.catalog.models import (
     utcnow,
 )
 from ivm.errors import CatalogError, ChangeDataError, LeaseError, NotFoundError, one_line
+from ivm.vocabulary import LayerKind, RelationKind, RunStatus, StageName
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +86,7 @@ class RelationState:
 
     @property
     def base(self) -> LayerRef | None:
-        return self.layers[0] if self.layers and self.layers[0].kind == "base" else None
+        return self.layers[0] if self.layers and self.layers[0].kind == LayerKind.BASE else None
 
     @property
     def deltas(self) -> tuple[LayerRef, ...]:
@@ -264,7 +265,8 @@ class Catalog:
                         s.add(Relation(name=name, kind=kind))
                         changes.append(f"created {kind} {name}")
                     elif any(getattr(row, k) != v for k, v in spec.items()):
-                        if kind == "view" and (row.language, row.definition) != (spec["language"], spec["definition"]):
+                        if kind == RelationKind.VIEW and (row.language, row.definition) != (spec["language"],
+                                                                            spec["definition"]):
                             _keep_materialized(row, self.state(name, s))
                         for k, v in spec.items():
                             setattr(row, k, v)
@@ -539,7 +541,8 @@ class Catalog:
         (ivm.maintain.crossover)."""
         with self.session() as s:
             q = (select(RunStage.rows_in, RunStage.seconds).join(Run, Run.id == RunStage.run_id)
-                 .where(RunStage.stage == "maintain", RunStage.relation == relation, Run.status == "succeeded",
+                 .where(RunStage.stage == StageName.MAINTAIN, RunStage.relation == relation,
+                        Run.status == RunStatus.SUCCEEDED,
                         RunStage.mode == mode, RunStage.seconds.is_not(None))
                  .order_by(Run.started_at.desc(), RunStage.id.desc()).limit(limit))
             return [(int(r or 0), float(sec)) for r, sec in s.execute(q)]
@@ -553,7 +556,7 @@ class Catalog:
         snapshot (relation -> version id), newest first: the states a replay can start from."""
         with self.session() as s:
             rows = s.execute(select(Run, RunStage.detail).join(RunStage, RunStage.run_id == Run.id)
-                             .where(RunStage.stage == "publish", Run.status == "succeeded")
+                             .where(RunStage.stage == StageName.PUBLISH, Run.status == RunStatus.SUCCEEDED)
                              .order_by(Run.finished_at.desc(), Run.id.desc()))
             return [(run, {k: int(v) for k, v in (detail or {}).get("versions", {}).items()}) for run, detail in rows]
 
@@ -673,8 +676,9 @@ class Catalog:
                             marks.get(k) == v for k, v in needed.items()):
                         versions[name] = rel.current_version_id
                 s.add(RunStage(run_id=run_id, stage="publish", detail={"versions": versions}))
-            for staged in s.scalars(select(RunStage).where(RunStage.run_id == run_id, RunStage.status == "staged")):
-                staged.status = "succeeded"  # what the run's stages staged is published now
+            for staged in s.scalars(select(RunStage).where(RunStage.run_id == run_id,
+                                                           RunStage.status == RunStatus.STAGED)):
+                staged.status = RunStatus.SUCCEEDED  # what the run's stages staged is published now
             run = s.get(Run, run_id)
             if run is not None:  # (an error a retried stage of the run recorded is history now)
                 run.status, run.finished_at, run.error = status, now, None

@@ -33,6 +33,7 @@ from ivm.changes.ingest import read_log, write_segment
 from ivm.config import COMMIT_VERSION, ProjectConfig
 from ivm.errors import ChangeDataError, NotFoundError
 from ivm.storage import Warehouse
+from ivm.vocabulary import RunStatus
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ def _refusal(catalog: Catalog, name: str, what: str, named: int) -> str | None:
     """The one-line error of the newest failed run that refused this commit, if one did."""
     pattern = re.compile(rf"\btable {re.escape(name)}: {what} {named}, ")
     for run in catalog.runs(50):
-        if run.status == "failed" and run.error and pattern.search(run.error):
+        if run.status == RunStatus.FAILED and run.error and pattern.search(run.error):
             return run.error.split("; nothing was applied")[0]
     return None
 

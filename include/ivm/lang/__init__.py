@@ -14,6 +14,7 @@ from ivm.lang.auxiliary_views import auxiliary_views
 from ivm.lang.datalog import parse_program
 from ivm.lang.nested import extraction_functions, owner_indexes, resolve_collections
 from ivm.lang.sql import SqlCompiler
+from ivm.vocabulary import Kind
 
 #: the compile-time passes over the front ends' program, in order (sqlglot's optimizer's RULES): each a
 #: function from (program, project) to a new program
@@ -46,7 +47,7 @@ def add_datalog_view(program: Program, view: str, rules: list[Rule]) -> None:
         if r.head.pred in program.predicates:
             other = program.predicates[r.head.pred]
             raise ConfigError(f"views.{view}: predicate {r.head.pred} is already defined "
-                              f"({'a table' if other.kind == 'base' else 'by view ' + (other.owner or other.name)})")
+                              f"({'a table' if other.kind == Kind.BASE else 'by view ' + (other.owner or other.name)})")
         first = heads.setdefault(r.head.pred, r.head)
         if len(first.args) != len(r.head.args):
             raise ConfigError(f"views.{view}: predicate {r.head.pred} has rules with {len(first.args)} and "

@@ -21,6 +21,7 @@ from ivm.ir import (
     aggregate_kind,
     column_names,
 )
+from ivm.vocabulary import Kind
 
 ROLE = "cream"
 #: the kinds of aggregates (ivm.maintain.groupby.kind) whose touched groups are recomputed from the input
@@ -53,7 +54,7 @@ def serves_as_auxiliary(program: Program, view: str, atom: Atom, semantics: str)
     """The subgoal reads a predicate the view stores itself, whole: that predicate already is the
     auxiliary view (the GROUP BY input of a SQL view, a Datalog view's own set predicate)."""
     p = program.predicates[atom.pred]
-    return (p.kind == "aux" and p.owner == view and pure(atom)
+    return (p.kind == Kind.AUX and p.owner == view and pure(atom)
             and (semantics == "bag" or p.semantics == "set"))
 
 

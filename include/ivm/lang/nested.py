@@ -27,8 +27,9 @@ from ivm.ir import (
     Wildcard,
 )
 from ivm.stratify import recursive_predicates
+from ivm.vocabulary import Kind
 
-EXTRACTION = "extraction"
+EXTRACTION = Kind.EXTRACTION
 INDEX = "index"
 #: in a Datalog rule, a variable in predicate position (HiLog): ``Y(Z, A)``
 COLLECTION_VARIABLE = "$"
@@ -110,7 +111,7 @@ def _extract_one(program: Program, rule: Rule, defined: dict[tuple, str]) -> Rul
         need = u.array.variables()
         for i, lit in enumerate(rule.body):
             if not (isinstance(lit, Literal) and not lit.negated and not lit.null_safe and need
-                    and program.predicates[lit.atom.pred].kind in ("base", EXTRACTION)
+                    and program.predicates[lit.atom.pred].kind in (Kind.BASE, Kind.EXTRACTION)
                     and need <= lit.atom.variables()
                     and all(isinstance(a, Var | Wildcard) for a in lit.atom.args)):
                 continue

@@ -48,6 +48,7 @@ from ivm.ir import (
     Var,
 )
 from ivm.lang import aggregate_filters, allowlist, bag_set_operations, grouped_in, scalar_subqueries, window_functions
+from ivm.vocabulary import Kind
 
 #: sqlglot aggregate classes and the Spark SQL function each stands for
 AGGREGATES: dict[type, str] = {
@@ -141,7 +142,7 @@ class SqlCompiler:
         allowlist.check(tree, name, AGGREGATES, set(self.udas))
         tree = tree.transform(eliminate_qualify)  # (QUALIFY: a WHERE over the windowed rows, as a subquery)
         schema = {p.name: {c: "string" for c in p.columns}
-                  for p in self.program.predicates.values() if p.kind in ("base", "view")}
+                  for p in self.program.predicates.values() if p.kind in (Kind.BASE, Kind.VIEW)}
         tree = self._qualify(tree, schema)
         counted = bag_set_operations.rewrite(tree, name)  # (INTERSECT / EXCEPT ALL: counted groups repeated)
         if counted is not tree:

@@ -22,6 +22,7 @@ from ivm.maintain.keyed import KeyBased
 from ivm.maintain.recompute import Evaluator
 from ivm.maintain.strategy import KEYED, REDUCE, Strategy
 from ivm.stratify import Strata
+from ivm.vocabulary import Kind
 from ivm.zset import change_sizes, consolidate
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,7 @@ class CountFree:
         return self.counting.used(pred, state)
 
     def evaluator(self, state: str) -> Evaluator:
-        tables = [p for p, d in self.program.predicates.items() if d.kind == "base"]
+        tables = [p for p, d in self.program.predicates.items() if d.kind == Kind.BASE]
         return Evaluator(self.program, self.strata, {t: self.relation(t, state) for t in tables},
                          scratch=self.states.scratch)
 

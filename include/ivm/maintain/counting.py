@@ -55,6 +55,7 @@ from ivm.maintain.recompute import Evaluator, as_used, connected, join_order
 from ivm.maintain.states import RunStates
 from ivm.maintain.stats import MaintainStats
 from ivm.stratify import Component, Strata
+from ivm.vocabulary import Kind
 from ivm.zset import (
     anti_join,
     consolidate,
@@ -96,7 +97,7 @@ def ephemeral(program: Program, strata: Strata) -> set[str]:
     uses = _uses(program)
     recursive = {p for c in strata.components if c.recursive for p in c.predicates}
     return {p for p, d in program.predicates.items()
-            if d.kind == "aux" and d.semantics == "bag" and p not in recursive and len(uses.get(p, [])) == 1
+            if d.kind == Kind.AUX and d.semantics == "bag" and p not in recursive and len(uses.get(p, [])) == 1
             and isinstance(uses[p][0], GroupBy) and GroupByState.self_maintainable(uses[p][0])}
 
 
@@ -109,7 +110,7 @@ def weighted(program: Program, strata: Strata) -> set[str]:
 
 def view_predicates(program: Program, strata: Strata, view: str) -> list[str]:
     """The view's own predicates (its auxiliary ones, then itself) in evaluation order."""
-    own = [p for p, d in program.predicates.items() if d.kind == "aux" and d.owner == view] + [view]
+    own = [p for p, d in program.predicates.items() if d.kind == Kind.AUX and d.owner == view] + [view]
     order = {p: i for i, comp in enumerate(strata.components) for p in comp.predicates}
     return sorted(own, key=lambda p: order[p])
 
@@ -245,7 +246,7 @@ class Counting:
         and a delete of an absent row; one key is one tuple) and DRed's Δ of a recursive predicate (000
         §7: what is gone was present, Δ⁺ holds absent tuples only)."""
         p = self.program.predicates[pred]
-        return (p.kind == "base" and p.semantics == "set") or pred in self.recursive
+        return (p.kind == Kind.BASE and p.semantics == "set") or pred in self.recursive
 
     def used(self, pred: str, state: str) -> DataFrame:
         """The predicate in a subgoal at ``state``: as the rules above it use it (sets: count 1)."""
@@ -264,7 +265,7 @@ class Counting:
         they are: joins distribute over ⊎ (docs/design.md §3), and a keyed table's counts add up to 0 or 1
         per tuple (trimming refused anything else), so consolidating it first (a shuffle of the whole
         table in every delta rule that reads it) would change nothing."""
-        if state != DELTA and self.program.predicates[pred].kind == "base":
+        if state != DELTA and self.program.predicates[pred].kind == Kind.BASE:
             return self.states.new(pred) if state == NEW else self.states.old(pred)
         return self.used(pred, state)
 

@@ -50,6 +50,7 @@ from ivm.ir import Atom, BodyItem, GroupBy, Literal, Program, Rule, SetOf
 from ivm.ir import aggregate_kind as kind
 from ivm.lang.auxiliary_views import RECOMPUTED, ROLE, set_changes_known
 from ivm.maintain.recompute import set_element
+from ivm.vocabulary import Kind
 from ivm.zset import quote
 
 C = COUNT_COLUMN
@@ -139,7 +140,7 @@ def tables_read(program: Program, view_preds: list[str], recursive: set[str]) ->
 
     def base(item: BodyItem) -> str | None:
         atom = item.atom if isinstance(item, Literal | GroupBy | SetOf) else None
-        return atom.pred if atom is not None and program.predicates[atom.pred].kind == "base" else None
+        return atom.pred if atom is not None and program.predicates[atom.pred].kind == Kind.BASE else None
 
     for pred in view_preds:
         for rule in program.rules_for(pred):

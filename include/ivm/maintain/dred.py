@@ -50,6 +50,7 @@ from ivm.maintain.fixpoint import (
 )
 from ivm.storage import with_count
 from ivm.stratify import Component, Strata, stratify
+from ivm.vocabulary import Kind
 from ivm.zset import anti_join, consolidate, negate, restrict, union_all
 
 if TYPE_CHECKING:
@@ -107,7 +108,7 @@ def rule_change(old: Program, new: Program, view: str) -> RuleChange | str:
 
     def own(program: Program) -> dict[str, tuple]:
         return {p: (tuple(d.columns), d.semantics) for p, d in program.predicates.items()
-                if p == view or (d.kind == "aux" and d.owner == view)}
+                if p == view or (d.kind == Kind.AUX and d.owner == view)}
 
     if own(old) != own(new):
         return "its predicates or their columns changed"

@@ -26,6 +26,7 @@ from ivm.ir import Atom, Condition, Const, Literal, Program, Rule, Var
 from ivm.maintain.counting import presence_change
 from ivm.maintain.delta_rules import rule_sql
 from ivm.maintain.fixpoint import as_set
+from ivm.vocabulary import Kind
 from ivm.zset import anti_join, consolidate, negate, restrict, union_all
 
 C = COUNT_COLUMN
@@ -50,7 +51,7 @@ def derived_rules(program: Program, view: str) -> list[MaintenanceRule]:
     for rule in rules:
         for k, item in enumerate(rule.body):
             if not (isinstance(item, Literal) and not item.negated
-                    and program.predicates[item.atom.pred].kind == "base"):
+                    and program.predicates[item.atom.pred].kind == Kind.BASE):
                 continue
             table = item.atom.pred
             ins_states = tuple("inserted" if i == k else None for i in range(len(rule.body)))
@@ -216,7 +217,7 @@ class KeyBased:
             change = self.changes(table)
             return change.where(F.col(C) > 0) if part == "inserted" else \
                 negate(change.where(F.col(C) < 0))
-        if p.kind == "aux":
+        if p.kind == Kind.AUX:
             return self._derive(item.atom.pred, table, part, state)
         return None
 

@@ -40,6 +40,7 @@ from ivm.maintain import fixpoint
 from ivm.maintain.groupby import with_windows
 from ivm.storage import Scratch
 from ivm.stratify import Strata
+from ivm.vocabulary import Kind
 from ivm.zset import anti_join, consolidate, expand, quote, union_all
 
 C = COUNT_COLUMN
@@ -109,7 +110,7 @@ class Evaluator:
         """The consolidated Z-set of ``pred``, evaluating it (and what it needs) on first use."""
         if pred not in self.relations:
             p = self.program.predicates[pred]
-            if p.kind == "base":
+            if p.kind == Kind.BASE:
                 raise KeyError(f"no input given for table {pred}")
             component = next(c for c in self.strata.components if pred in c.predicates)
             if component.recursive:  # 000 §7: set semantics, semi-naive to the fixpoint

@@ -55,6 +55,7 @@ from ivm.maintain.counting import presence_change
 from ivm.maintain.fixpoint import as_set
 from ivm.maintain.recompute import Evaluator, natural_join
 from ivm.storage import Scratch
+from ivm.vocabulary import Kind
 from ivm.zset import BROADCAST_BYTES, anti_join, consolidate, negate, quote, restrict, union_all
 
 log = logging.getLogger(__name__)
@@ -91,7 +92,7 @@ def shape(program: Program, view: str) -> Shape | str:
     rule = rules[0]
     atoms, conditions = [], []
     for item in rule.body:
-        if isinstance(item, Literal) and not item.negated and program.predicates[item.atom.pred].kind == "base":
+        if isinstance(item, Literal) and not item.negated and program.predicates[item.atom.pred].kind == Kind.BASE:
             atoms.append(item.atom)
         elif isinstance(item, Condition):
             conditions.append(item)

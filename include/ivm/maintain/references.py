@@ -38,6 +38,7 @@ from pyspark.sql import functions as F
 from ivm.config import COUNT_COLUMN
 from ivm.ir import Literal, Program, Var
 from ivm.maintain.delta_rules import DELTA, OLD, DeltaRule
+from ivm.vocabulary import Kind
 from ivm.zset import VALUES_ON_DRIVER, at_values, negate, quote, restrict, skipping_filter, union_all
 
 if TYPE_CHECKING:
@@ -50,7 +51,7 @@ C = COUNT_COLUMN
 def primary_key(program: Program, table: str) -> list[str]:
     """A base table's primary key (its layers hold one tuple per key); [] for a bag."""
     p = program.predicates[table]
-    return list(p.keys[0]) if p.kind == "base" and p.semantics == "set" and p.keys else []
+    return list(p.keys[0]) if p.kind == Kind.BASE and p.semantics == "set" and p.keys else []
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ def shortcuts(program: Program, d: DeltaRule, i: int) -> dict[int, Shortcut]:
     """The subgoals of delta rule ``d`` (Δ subgoal ``i``) taken from the deltas, by body position."""
     body = d.rule.body
     delta = body[i]
-    if not isinstance(delta, Literal) or delta.negated or program.predicates[delta.atom.pred].kind != "base" \
+    if not isinstance(delta, Literal) or delta.negated or program.predicates[delta.atom.pred].kind != Kind.BASE \
             or any(isinstance(x, Literal) and x.null_safe for x in body):
         return {}
     r = delta.atom.pred
@@ -93,7 +94,7 @@ def shortcuts(program: Program, d: DeltaRule, i: int) -> dict[int, Shortcut]:
             continue
         s = item.atom.pred
         sp = program.predicates[s]
-        if sp.kind != "base" or s == r:
+        if sp.kind != Kind.BASE or s == r:
             continue
         at = {col: a.name for col, a in zip(sp.columns, item.atom.args, strict=True) if isinstance(a, Var)}
         key = primary_key(program, s)

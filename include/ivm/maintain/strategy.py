@@ -34,6 +34,7 @@ from ivm.ir import Condition, Const, Literal, Program, Var
 from ivm.maintain import keyed, reduce
 from ivm.maintain.counting import view_predicates
 from ivm.stratify import Strata
+from ivm.vocabulary import Kind
 
 #: rows one Spark job is worth (a small job costs ~0.1 s here; ~1M rows/s through a join)
 JOB_ROWS = 100_000
@@ -126,8 +127,8 @@ def applicability(program: Program, strata: Strata, view: str) -> list[Candidate
     out = [Candidate(COUNTING.name, True, "000 Algorithm 4.1: every nonrecursive view, derivation counts stored")]
     pred = program.predicates[view]
     component = next(c for c in strata.components if view in c.predicates)
-    reads_views = sorted(u for u in strata.upstream(view) if program.predicates[u].kind == "view" and u != view)
-    own = [p for p, d in program.predicates.items() if d.kind == "aux" and d.owner == view]
+    reads_views = sorted(u for u in strata.upstream(view) if program.predicates[u].kind == Kind.VIEW and u != view)
+    own = [p for p, d in program.predicates.items() if d.kind == Kind.AUX and d.owner == view]
     base = None
     if component.recursive:
         base = "the view is recursive (DRed maintains it, 000 §7)"
@@ -263,7 +264,7 @@ def choose(program: Program, strata: Strata, view: str, forced: str | None, key:
         return Choice(view, forced, "forced by the view's strategy option", cands)
     if usable == {COUNTING.name}:
         return Choice(view, COUNTING.name, "the only applicable strategy", cands)
-    if any(d.kind == "aux" and d.owner == view for d in program.predicates.values()):
+    if any(d.kind == Kind.AUX and d.owner == view for d in program.predicates.values()):
         # counting stores the subqueries' and set operators' relations; a choice per run would leave
         # them behind whenever it moved away from counting
         return Choice(view, COUNTING.name, "the view has auxiliary predicates (subqueries, set operators), which "

@@ -33,6 +33,7 @@ from ivm.orchestration.links import DataQualityLink
 from ivm.orchestration.stages import PERMANENT, parse_stage_args, stage_summary
 from ivm.project import Project
 from ivm.refresh import stages
+from ivm.vocabulary import RunStatus, StageName
 
 
 @contextmanager
@@ -73,9 +74,9 @@ def run_report(argv: list[str]) -> dict:
         run = project.catalog.get_run(args.run_id)
         if run is None:
             raise AirflowFailException(f"ivm run {args.run_id} was never planned: see the plan task's log")
-        planned = any(r.stage == "plan" for r in project.catalog.stage_records(args.run_id))
+        planned = any(r.stage == StageName.PLAN for r in project.catalog.stage_records(args.run_id))
         result = stages.run_stage(project.ctx, name, args) if planned else None
-        if run.status == "failed":
+        if run.status == RunStatus.FAILED:
             raise AirflowFailException(f"ivm run {args.run_id} failed: {run.error}")
         # (the views the run maintained, and the run's seconds as its record tells them)
         return {**stage_summary(project.ctx, args.run_id, "maintain"), "stage": name, "status": run.status,
@@ -131,7 +132,7 @@ class SparkStageOperator(StageLineage, SparkSubmitOperator):
                 if code not in PERMANENT:
                     raise
                 run = project.catalog.get_run(args.run_id)
-                error = run.error if run is not None and run.status == "failed" else f"{name}: see the task log"
+                error = run.error if run is not None and run.status == RunStatus.FAILED else f"{name}: see the task log"
                 raise AirflowFailException(f"ivm run {args.run_id} failed: {error} (exit code {code}: not retried)"
                                            ) from None
             summary = stage_summary(project.ctx, args.run_id, name, args.views)

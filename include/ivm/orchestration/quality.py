@@ -34,6 +34,7 @@ from jinja2 import Environment, select_autoescape
 
 from ivm.catalog import Catalog
 from ivm.config import load_project
+from ivm.vocabulary import RunKind, StageName
 
 #: runs shown per view
 HISTORY = 30
@@ -94,12 +95,12 @@ class QualityData:
         for run in self.catalog.runs(limit=20 * HISTORY):
             finished = run.finished_at.strftime("%Y-%m-%d %H:%M:%S") if run.finished_at else ""
             for stage in run.stages:
-                if stage.stage == "maintain" and stage.relation in out and len(out[stage.relation]) < HISTORY:
+                if stage.stage == StageName.MAINTAIN and stage.relation in out and len(out[stage.relation]) < HISTORY:
                     check = checks.get((run.id, stage.relation))
                     out[stage.relation].append(RunRow(run.id, run.kind, run.status, finished, stage.mode or "",
                                                       stage.rows_in, stage.delta_rows, stage.seconds,
                                                       self.validation(check) if check else None))
-            if run.kind == "validate":  # `ivm validate`: a check of published views, no maintenance
+            if run.kind == RunKind.VALIDATE:  # `ivm validate`: a check of published views, no maintenance
                 for view in run.relations:
                     check = checks.get((run.id, view))
                     if view in out and check and len(out[view]) < HISTORY:

@@ -26,6 +26,7 @@ from ivm.refresh.plan import load_plan, old_layer_refs, view_crossover
 from ivm.refresh.record import CatchUp, Plan, ViewWork
 from ivm.spark import adaptive
 from ivm.storage import Scratch
+from ivm.vocabulary import Kind
 from ivm.zset import consolidate, difference
 
 Progress = Callable[[str], None]
@@ -44,7 +45,7 @@ class Maintenance:
                                 write_delta=self._write_delta, scratch=scratch,
                                 single_partition_rows=ctx.config.spark.single_partition_rows)
         relations = set(ctx.config.tables) | {r for w in p.views for r in ctx.stored_relations(w.view)} | {
-            u for w in p.views for u in strata.upstream(w.view) if program.predicates[u].kind == "view"}
+            u for w in p.views for u in strata.upstream(w.view) if program.predicates[u].kind == Kind.VIEW}
         self.old: dict[str, list[LayerRef]] = {}
         for name in relations:
             self.old[name] = old_layer_refs(ctx, p, name)
@@ -238,9 +239,9 @@ class Maintenance:
         else:
             own = set(view_predicates(program, strata, work.view))  # a recursive view is upstream of itself
             for name in strata.upstream(work.view) - set(full.relations) - own:
-                if program.predicates[name].kind in ("base", "view"):  # (extractions: from their tables)
+                if program.predicates[name].kind in (Kind.BASE, Kind.VIEW):  # (extractions: from their tables)
                     full.relations[name] = self.new_state(name)
-                if full.weighted and program.predicates[name].kind == "base":  # (a keyed table's count 1 each)
+                if full.weighted and program.predicates[name].kind == Kind.BASE:  # (a keyed table's count 1 each)
                     full.layers[name] = self.new_rows(name)
             for name, df in materialize(full, ctx.groupby_states, work.view):
                 if strategy.count_free:

@@ -26,6 +26,7 @@ from ivm.maintain.dred import RuleChange, rule_change
 from ivm.maintain.strategy import COUNTING, lookup, stored_form
 from ivm.modes import Mode
 from ivm.refresh.record import CatchUp, Plan, Replay, TableDelta, ViewWork, layer_json
+from ivm.vocabulary import Kind, RunStatus, StageName
 
 
 @dataclass
@@ -299,7 +300,7 @@ def catch_up(ctx: RunContext, view: str, points: Callable[[], list] | None = Non
     program, strata = ctx.program
     stored = ctx.stored_relations(view)
     own = set(stored) | {p for p in program.predicates if program.owner(p) == view}
-    reads = sorted(u for u in strata.upstream(view) - own if program.predicates[u].kind in ("base", "view"))
+    reads = sorted(u for u in strata.upstream(view) - own if program.predicates[u].kind in (Kind.BASE, Kind.VIEW))
     current = {r: catalog.state(r).version_id for r in [*reads, *stored]}
     found = next(((run, versions) for run, versions in points()
                   if all(versions.get(r) == current[r] for r in stored) and all(r in versions for r in reads)), None)
@@ -427,7 +428,7 @@ def begin(ctx: RunContext, p: Plan, kind: str = "refresh") -> None:
     stored = [r for v in p.views for r in ctx.stored_relations(v.view)]
     earlier = catalog.get_run(p.run_id)
     if earlier is not None:
-        if earlier.status in ("succeeded", "noop"):
+        if earlier.status in (RunStatus.SUCCEEDED, RunStatus.NOOP):
             raise RunError(f"run {p.run_id} was published already; start a new run")
         catalog.reset_run(p.run_id, p.snapshot, names, p.mode)
     else:
@@ -439,7 +440,7 @@ def begin(ctx: RunContext, p: Plan, kind: str = "refresh") -> None:
 def load_plan(ctx: RunContext, run_id: str) -> tuple[Plan, dict[str, int | None]]:
     """The plan ``begin`` recorded, with the tables and views as their stages have staged them so far."""
     records = ctx.catalog.stage_records(run_id)
-    if not any(r.stage == "plan" for r in records):
+    if not any(r.stage == StageName.PLAN for r in records):
         raise NotFoundError(f"run {run_id} has no plan (run the plan stage first)")
     p, versions, planned = Plan.from_records(run_id, records)
     defined = ctx.catalog.view_defs()

@@ -16,6 +16,7 @@ from ivm.modes import Mode
 from ivm.refresh.plan import load_plan
 from ivm.refresh.record import RefreshResult
 from ivm.sinks import SinkWrite
+from ivm.vocabulary import Outcome, RunStatus, StageName
 
 Progress = Callable[[str], None]
 
@@ -30,7 +31,7 @@ def publish_stage(ctx: RunContext, run_id: str, progress: Progress = lambda _: N
     if missing:
         raise RunError(f"run {run_id}: {missing[0]} has not been staged yet; nothing was published")
     failed = [r.relation for r in ctx.catalog.stage_records(run_id)
-              if r.stage == "validate" and r.detail.get("outcome") == "failed"]
+              if r.stage == StageName.VALIDATE and r.detail.get("outcome") == Outcome.FAILED]
     if failed:
         raise ValidationError(f"run {run_id}: validation failed for {failed[0]}; nothing was published")
     if p.replay:  # the tables are as published; every view's restored state, plus its delta, replaces it
@@ -91,7 +92,7 @@ def sink_stage(ctx: RunContext, run_id: str, progress: Progress = lambda _: None
     if not ctx.config.storage.delta_views:
         return []
     run = ctx.catalog.get_run(run_id)
-    if run is None or run.status not in ("succeeded", "noop"):
+    if run is None or run.status not in (RunStatus.SUCCEEDED, RunStatus.NOOP):
         raise RunError(f"run {run_id} has not been published yet; its views' Delta tables wait for its publish")
     return sinks.write_views(ctx, run_id, _sink_writes(ctx, run_id), progress)
 

@@ -15,6 +15,7 @@ from typing import Any
 from ivm.catalog.store import LayerRef, QuarantineRef, StageRecord, WrittenLayer
 from ivm.maintain.dred import RuleChange
 from ivm.modes import Mode
+from ivm.vocabulary import StageName
 
 
 def layer_json(layer: WrittenLayer | LayerRef, relation: str | None = None) -> dict[str, Any]:
@@ -202,10 +203,10 @@ class Plan:
         """The plan a run's records hold, with its tables and views as their stages staged them so far;
         the versions it read; the planned views as recorded (the caller resolves their rule changes).
         The records must hold a plan."""
-        d = next(r.detail for r in reversed(records) if r.stage == "plan")
+        d = next(r.detail for r in reversed(records) if r.stage == StageName.PLAN)
         p = cls(run_id, d["snapshot"], mode=Mode(d["mode"]), replay=Replay(**d["replay"]) if d.get("replay") else None)
-        trimmed = {r.relation: r for r in records if r.stage == "trim"}
-        maintained = {r.relation: r for r in records if r.stage == "maintain"}
+        trimmed = {r.relation: r for r in records if r.stage == StageName.TRIM}
+        maintained = {r.relation: r for r in records if r.stage == StageName.MAINTAIN}
         for t in d["tables"]:
             item = TableDelta.from_json(t)
             if item.table in trimmed:

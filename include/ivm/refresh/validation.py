@@ -13,6 +13,7 @@ from ivm.modes import Mode
 from ivm.refresh.plan import load_plan, old_layers
 from ivm.refresh.record import ViewWork
 from ivm.validate import ViewState, check_views
+from ivm.vocabulary import Outcome
 
 Progress = Callable[[str], None]
 
@@ -63,7 +64,7 @@ def validate_stage(ctx: RunContext, run_id: str, progress: Progress = lambda _: 
                                                    seconds=round(c.seconds, 3),
                                                    detail={"outcome": c.status, "problem": c.problem,
                                                            "report": c.report_uri}))
-    failed = [c for c in checks if c.status == "failed"]
+    failed = [c for c in checks if c.status == Outcome.FAILED]
     if failed:
         raise ValidationError(f"view {failed[0].view}: {failed[0].problem} after run {run_id}; nothing was published")
     return {c.view: c.problem for c in checks if c.problem}
