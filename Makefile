@@ -42,7 +42,7 @@ $(LOCAL_FS_JAR): include/ivm/jvm/NioLocalFileSystem.java $(VENV)/.installed
 	else echo "no javac: $@ not built (local Spark keeps Hadoop's local file system)"; fi
 
 demo: venv
-	@echo "== the demo (include/views/demo/demo.py): about 4 minutes; each step prints its seconds"
+	@echo "== the demo (include/views/demo/demo.py): about 3½ minutes on 2 quiet cores; each step prints its seconds"
 	$(BIN)/python include/views/demo/demo.py
 
 # The README's test command runs the suite in two passes (tests/conftest.py's `--spark-pass` says which
