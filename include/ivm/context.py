@@ -17,7 +17,7 @@ from ivm.catalog import Catalog
 from ivm.changes import delta
 from ivm.changes.reader import table_schema
 from ivm.config import COUNT_COLUMN, ProjectConfig
-from ivm.errors import ConfigError, NotFoundError
+from ivm.errors import NotFoundError
 from ivm.ir import Program
 from ivm.lang import compile_project
 from ivm.maintain import counting, strategy
@@ -108,21 +108,6 @@ class RunContext:
         if cfg is not None and cfg.strategy is not None and strategy.lookup(cfg.strategy).count_free:
             return [view]  # key-based and reducing maintenance store the view alone, without counts
         return counting.stored_relations(program, strata, view)
-
-    def choose_strategy(self, view: str, changed: dict[str, float] | None = None,
-                        current: str | None = None) -> strategy.Choice:
-        """How ``view`` is maintained in a run whose tables changed by about ``changed`` rows each
-        (default: 0.1% of every table it reads), its state being stored as ``current`` (ivm.maintain.strategy)."""
-        program, strata = self.program
-        cfg = self.config.views[view]
-        sizes = {t: sum(x.rows or 0 for x in self.catalog.state(t).layers) for t in self.base_tables(view)}
-        if changed is None or not any(changed.get(t) for t in sizes):
-            # no change to go by (`ivm explain`, a first materialization): 0.1% of every table
-            changed = {t: max(1.0, n / 1000) for t, n in sizes.items()}
-        try:
-            return strategy.choose(program, strata, view, cfg.strategy, cfg.key, sizes, changed, current)
-        except ValueError as e:
-            raise ConfigError(str(e)) from e
 
     def base_tables(self, view: str) -> list[str]:
         """The tables ``view`` reads, directly or through the views below it, sorted."""

@@ -21,6 +21,7 @@ from ivm.ir import Program
 from ivm.maintain import strategy
 from ivm.modes import Mode
 from ivm.refresh import RefreshResult, refresh
+from ivm.refresh.plan import choose_strategy
 from ivm.spark import project_conf
 from ivm.storage import Warehouse
 from ivm.stratify import Strata
@@ -342,7 +343,7 @@ class Project:
         self.config.check_views([view])
         program, strata = self.program
         state = self.catalog.state(view)
-        choice = self.ctx.choose_strategy(view, current=state.form if state.version_id is not None else None)
+        choice = choose_strategy(self.ctx, view, current=state.form if state.version_id is not None else None)
         return explain.explain(program, strata, self.config, view, choice)
 
     def compact(self, relations: Iterable[str] | None = None, force: bool = False,

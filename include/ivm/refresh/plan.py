@@ -23,7 +23,7 @@ from ivm.lang import compile_project
 from ivm.maintain.crossover import Estimate
 from ivm.maintain.crossover import estimate as crossover_estimate
 from ivm.maintain.dred import RuleChange, rule_change
-from ivm.maintain.strategy import COUNTING, lookup, stored_form
+from ivm.maintain.strategy import COUNTING, Choice, choose, lookup, stored_form
 from ivm.modes import Mode
 from ivm.refresh.record import CatchUp, Plan, Replay, TableDelta, ViewWork, layer_json
 from ivm.vocabulary import Kind, RunStatus, StageName
@@ -160,6 +160,23 @@ def _live_segments(catalog, table: str, after: int, upto: int) -> list:
                                                   min(s.max_commit_version, upto) + 1))]
 
 
+def choose_strategy(ctx: RunContext, view: str, changed: dict[str, float] | None = None,
+                    current: str | None = None) -> Choice:
+    """How ``view`` is maintained in a run whose tables changed by about ``changed`` rows each
+    (default: 0.1% of every table it reads), its state being stored as ``current`` (ivm.maintain.strategy):
+    the planner's choice, which `ivm explain` shows."""
+    program, strata = ctx.program
+    cfg = ctx.config.views[view]
+    sizes = {t: sum(x.rows or 0 for x in ctx.catalog.state(t).layers) for t in ctx.base_tables(view)}
+    if changed is None or not any(changed.get(t) for t in sizes):
+        # no change to go by (`ivm explain`, a first materialization): 0.1% of every table
+        changed = {t: max(1.0, n / 1000) for t, n in sizes.items()}
+    try:
+        return choose(program, strata, view, cfg.strategy, cfg.key, sizes, changed, current)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+
+
 def _cancels(ctx: RunContext, table: str, segments: list, after: int, upto: int) -> bool:
     """Whether the log range (after, upto] is small and, read on the driver, cancels out: every change
     applies and the net delta is empty (ivm.changes.cancel). The table is then left out of the run like
@@ -219,7 +236,7 @@ def _plan_views(ctx: RunContext, p: Plan, wanted: list[str] | None, mode: Mode,
         state = ctx.catalog.state(view)
         d = defined.get(view)
         inputs = sorted(changed & set(upstream))
-        choice = ctx.choose_strategy(view, change_rows, state.form if state.version_id is not None else None)
+        choice = choose_strategy(ctx, view, change_rows, state.form if state.version_id is not None else None)
         form = stored_form(choice.strategy)
 
         estimate = None
@@ -374,7 +391,7 @@ def plan_replay(ctx: RunContext, wanted: list[str], from_version: int, run_id: s
         upstream = ctx.base_tables(view)
         d = defined.get(view)
         state = catalog.version_state(view, versions[view])
-        choice = ctx.choose_strategy(view, {t.table: float(t.to_version - t.from_version) for t in p.tables},
+        choice = choose_strategy(ctx, view, {t.table: float(t.to_version - t.from_version) for t in p.tables},
                                      state.form)
         form = stored_form(choice.strategy)
         facts = ViewFacts(
