@@ -8,7 +8,11 @@ sum of its signs; every change checked, in commit order, against the row it appl
 True only where it is sure: every change in the range applies to the stored rows, and the net delta is
 empty. Anything else — a change that does not apply (Spark names it), a net change, a truncate, a
 range of more than CANCEL_MAX_ROWS rows, a NaN, a column pyarrow cannot compare as Spark does,
-files it cannot read — answers False, and the refresh trims the range with Spark as always.
+files it cannot read — answers False, and the refresh trims the range with Spark as always. The log is
+read first and alone: most ranges show a net change there (an insert, a delete, an update to other
+values), and the stored rows are read only for a range that may cancel, of a table of at most
+CANCEL_MAX_STORED_ROWS rows (a range of updates whose before images carry the key alone shows nothing
+in the log: a larger table's stored rows are Spark's to look up).
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ log = logging.getLogger(__name__)
 
 #: a log range of more rows than this is Spark's to trim (read here, it costs the driver ~1 s per 100k)
 CANCEL_MAX_ROWS = 10_000
+#: the stored rows of a table larger than this are not read on the driver (Spark's trim looks them up)
+CANCEL_MAX_STORED_ROWS = 1_000_000
 _SIGNS = {"insert": 1, "update_postimage": 1, "delete": -1, "update_preimage": -1}
 
 
@@ -38,24 +44,23 @@ class _Unsure(Exception):
 
 
 def cancels(warehouse: Warehouse, table: TableConfig, segments: Sequence[SegmentRef], layers: Sequence[str],
-            after: int, upto: int, skip: Collection[int] = (), added: Collection[str] = ()) -> bool:
+            after: int, upto: int, skip: Collection[int] = (), added: Collection[str] = (),
+            stored_rows: int = 0) -> bool:
     """Whether the changes of ``segments`` with commit versions in (after, upto] but ``skip`` (the
-    quarantined) all apply to the table's stored rows (the files of its ``layers``) and cancel out.
-    ``added``: columns gained since the table held data (a removal that leaves one NULL matches on the
-    others, as in `ivm.changes.trim`)."""
+    quarantined) all apply to the table's stored rows (the files of its ``layers``, ``stored_rows`` of
+    them) and cancel out. ``added``: columns gained since the table held data (a removal that leaves one
+    NULL matches on the others, as in `ivm.changes.trim`)."""
     try:
         changes = _changes(warehouse, segments, after, upto, skip)
         if changes is None:
             return False
         chains = _chains(changes, table)
         # the log alone shows most net changes: the stored rows are read only for a range that may cancel
-        if table.keyed:
-            check = _KeyedChains(table, added)
-            check.cancel(chains, None)
-            check.cancel(chains, _stored(warehouse, table, layers, changes))
-        else:
-            _bag_cancel(chains, None)
-            _bag_cancel(chains, _stored(warehouse, table, layers, changes))
+        check = _KeyedChains(table, added) if table.keyed else None
+        (check.cancel if check else _bag_cancel)(chains, None)
+        if stored_rows > CANCEL_MAX_STORED_ROWS:
+            raise _Unsure(f"{stored_rows} stored rows to look the changes up in")
+        (check.cancel if check else _bag_cancel)(chains, _stored(warehouse, table, layers, changes))
         return True
     except _Unsure as e:
         log.debug("the range (%s, %s] is trimmed by Spark: %s", after, upto, e)

@@ -182,10 +182,11 @@ def _cancels(ctx: RunContext, table: str, segments: list, after: int, upto: int)
     applies and the net delta is empty (ivm.changes.cancel). The table is then left out of the run like
     a range set aside — its watermark stays, a later trim reads the range again with what follows — so a
     refresh whose changes all cancel starts no Spark and recomputes nothing."""
-    layers = [x.path for x in ctx.catalog.state(table).layers]
+    layers = ctx.catalog.state(table).layers
     skip = {q.commit_version for q in ctx.catalog.quarantined(table)}
     added = ctx.catalog.table_defs()[table].added_columns or []
-    return cancel.cancels(ctx.warehouse, ctx.config.tables[table], segments, layers, after, upto, skip, added)
+    return cancel.cancels(ctx.warehouse, ctx.config.tables[table], segments, [x.path for x in layers], after, upto,
+                          skip, added, sum(x.rows or 0 for x in layers))
 
 
 def _newest(ctx: RunContext, table: str) -> int:
