@@ -5,7 +5,9 @@ delta layers hold at least ``storage.compact_min_delta_mb`` and more than ``stor
 of its base layer's bytes. Compaction is its own
 run: it takes the relation's lease, writes the consolidated Z-set clustered by key, and publishes the
 one-layer version in one catalog transaction; readers see the old version until then. Its cost is
-amortized over the refreshes that appended the layers.
+amortized over the refreshes that appended the layers. The new version holds the same state as the one
+it replaces, as its stage record says (``compacted``): a view that fell behind still finds its pointer
+in it (`Catalog.same_states`, `ivm.refresh.plan.catch_up`).
 """
 
 from __future__ import annotations
@@ -71,7 +73,9 @@ def compact(ctx: RunContext, relations: Iterable[str], force: bool = False,
             seconds = time.perf_counter() - started
             stages.append(StageRecord("compact", state.name, rows_in=sum(x.rows or 0 for x in state.layers),
                                       rows_out=written.rows, seconds=round(seconds, 3),
-                                      detail={"layers_before": len(state.layers)}))
+                                      detail={"layers_before": len(state.layers),
+                                              # (the version it replaces, whose state its new one holds)
+                                              "compacted": state.version_id}))
             done.append(Compaction(state.name, len(state.layers), written.rows, seconds))
         catalog.publish(run_id, changes, {}, stages)
     for c in done:

@@ -221,6 +221,38 @@ def test_views_left_behind_catch_up_from_their_pointers(make_project, tmp_path_f
         assert_as_duckdb(p, {t: spec["columns"] for t, spec in tables.items()}, state, BEHIND)
 
 
+def test_views_compacted_while_they_lag_catch_up_without_a_recompute(make_project, tmp_path):
+    """#71 item 1: a view another run passed by, compacted while it lags — the view itself, its GROUP BY
+    states, the view it reads — still finds its pointer (a compaction holds the state it replaced,
+    `Catalog.same_states`), catches up incrementally, and equals its recompute and DuckDB."""
+    tables = {"r": {"columns": {"a": "int", "b": "string"}}, "s": {"columns": {"b": "string", "c": "int"}}}
+    cols = {"r": ["a", "b"], "s": ["b", "c"]}
+    p = make_project(tables, views=BEHIND)
+    state = {"r": [(1, "x"), (2, "x"), (3, "y"), (None, "y")], "s": [("x", 10), ("y", 20), ("y", 21)]}
+    for t in tables:
+        p.load(t, write_jsonl(tmp_path / f"{t}-0.jsonl", cols[t], state[t]))
+    p.refresh()
+    batches = [{"r": [("insert", (4, "x")), ("delete", (3, "y"))], "s": [("insert", ("x", 12))]},  # all views
+               {"r": [("delete", (1, "x")), ("insert", (5, "z"))]},                             # r_only alone
+               {"r": [("insert", (6, "y"))], "s": [("delete", ("y", 21))]}]                     # all, behind
+    for n, changes in enumerate(batches, 1):
+        apply_batch(state, changes)
+        for t, items in changes.items():
+            p.append(t, write_jsonl(tmp_path / f"{t}-{n}.jsonl", cols[t], [r for _, r in items], [k for k, _ in items]))
+        if n == 2:
+            assert p.refresh(["r_only"]).tables
+            lagging = sorted({r for v in ("rs", "rs_max", "r_set") for r in p.stored_relations(v)})
+            compacted = {c.relation for c in p.compact(lagging, force=True)}
+            assert {"rs", "rs_max", "r_set"} <= compacted and any(r.startswith("rs_max") and r != "rs_max"
+                                                                  for r in compacted), compacted
+            continue
+        works = p.refresh().views
+        assert "full" not in {w.mode for w in works}, [(w.view, w.reason) for w in works]
+    assert {w.view for w in works if "catches up from its own pointer" in w.reason} == {"rs", "rs_max", "r_set"}
+    assert_views_recomputed(p)
+    assert_as_duckdb(p, {t: spec["columns"] for t, spec in tables.items()}, state, BEHIND)
+
+
 def test_a_maintenance_task_killed_midway_and_retried(setup, monkeypatch):
     p, path = setup
     run_id = "retry-maintain"

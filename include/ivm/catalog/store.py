@@ -560,6 +560,17 @@ class Catalog:
                              .order_by(Run.finished_at.desc(), Run.id.desc()))
             return [(run, {k: int(v) for k, v in (detail or {}).get("versions", {}).items()}) for run, detail in rows]
 
+    def same_states(self) -> dict[int, int]:
+        """Relation version id -> the version id it compacted (`ivm.compaction`): the two hold the same
+        state, so a restore point that recorded the older still names the newer's state."""
+        with self.session() as s:
+            rows = s.execute(select(RelationVersion.id, RunStage.detail)
+                             .join(RunStage, (RunStage.run_id == RelationVersion.run_id)
+                                   & (RunStage.relation == RelationVersion.relation))
+                             .where(RunStage.stage == StageName.COMPACT))
+            return {int(vid): int(detail["compacted"]) for vid, detail in rows
+                    if detail and detail.get("compacted") is not None}
+
     # -- validations -----------------------------------------------------------------------------
 
     def save_validation(self, run_id: str, view: str, sample_size: int, mismatches: int, status: str,

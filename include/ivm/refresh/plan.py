@@ -228,6 +228,7 @@ def _plan_views(ctx: RunContext, p: Plan, wanted: list[str] | None, mode: Mode,
     change_rows = {t.table: float(t.log_rows) for t in p.tables}
     defined = ctx.catalog.view_defs()
     points = functools.cache(ctx.catalog.restore_points)  # (catch_up's, read once for every view behind)
+    same = functools.cache(ctx.catalog.same_states)
     work: list[ViewWork] = []
     full: set[str] = set()
     followed: set[str] = set()  # views whose rule change DRed follows, and the views above them
@@ -249,7 +250,7 @@ def _plan_views(ctx: RunContext, p: Plan, wanted: list[str] | None, mode: Mode,
         # recomputed when its state there is gone
         missed = [(t, watermarks.get((view, t), 0) + 1, watermarks[(t, t)]) for t in upstream
                   if watermarks.get((view, t), 0) < watermarks.get((t, t), 0)]
-        behind = catch_up(ctx, view, points) if missed and state.version_id is not None else None
+        behind = catch_up(ctx, view, points, same) if missed and state.version_id is not None else None
         facts = ViewFacts(
             view, mode, cfg.mode, materialized=state.version_id is not None,
             definition_changed="" if d is not None and state.created_at is not None
@@ -303,7 +304,8 @@ def _plan_views(ctx: RunContext, p: Plan, wanted: list[str] | None, mode: Mode,
     return work
 
 
-def catch_up(ctx: RunContext, view: str, points: Callable[[], list] | None = None) -> CatchUp | str:
+def catch_up(ctx: RunContext, view: str, points: Callable[[], list] | None = None,
+             same: Callable[[], dict[int, int]] | None = None) -> CatchUp | str:
     """Where a view that fell behind catches up from (#48, item 1; 002 keeps a log pointer per view):
     the published run that left the view in its current state — its snapshot is the view's pointer into
     every log it reads — with the layers, in that run's state, of each relation the view reads that moved
@@ -311,23 +313,28 @@ def catch_up(ctx: RunContext, view: str, points: Callable[[], list] | None = Non
     layers published after them, and this run's delta; a Delta source's, its change data feed since the
     Delta version the view holds), as a view that never fell behind is maintained from its last state.
     Or, in words, why it cannot: that state is no longer kept (``ivm gc``'s retention), or a Delta
-    source's feed since then is (its log's retention, VACUUM). ``points``: the catalog's restore points,
-    read once per plan however many views fell behind (default: read here)."""
+    source's feed since then is (its log's retention, VACUUM). A relation compacted since (`ivm.compaction`)
+    holds the state it held: the view, its GROUP BY states and auxiliary views, or a relation it reads,
+    compacted while it lagged, still match the restore point. ``points``, ``same``: the catalog's restore
+    points and compactions (`Catalog.same_states`), read once per plan however many views fell behind
+    (default: read here)."""
     points = points or ctx.catalog.restore_points
+    same = same or ctx.catalog.same_states
     catalog = ctx.catalog
     program, strata = ctx.program
     stored = ctx.stored_relations(view)
     own = set(stored) | {p for p in program.predicates if program.owner(p) == view}
     reads = sorted(u for u in strata.upstream(view) - own if program.predicates[u].kind in (Kind.BASE, Kind.VIEW))
-    current = {r: catalog.state(r).version_id for r in [*reads, *stored]}
+    # each relation's current version and the versions it compacted, back: one state
+    states = {r: _same_state(catalog.state(r).version_id, same()) for r in [*reads, *stored]}
     found = next(((run, versions) for run, versions in points()
-                  if all(versions.get(r) == current[r] for r in stored) and all(r in versions for r in reads)), None)
+                  if all(versions.get(r) in states[r] for r in stored) and all(r in versions for r in reads)), None)
     if found is None:
         return "no published run recorded its state with those of the relations it reads"
     run, versions = found
     layers = {}
     for r in reads:
-        if versions[r] == current[r]:
+        if versions[r] in states[r]:
             continue  # not moved since: its published state is the view's pointer
         state = catalog.version_state(r, versions[r])
         if state is None:
@@ -338,6 +345,15 @@ def catch_up(ctx: RunContext, view: str, points: Callable[[], list] | None = Non
                     f"is gone (log retention or VACUUM of {at[0][0]})")
         layers[r] = [layer_json(x, r) for x in state.layers]
     return CatchUp(run.id, layers)
+
+
+def _same_state(version_id: int | None, compacted: dict[int, int]) -> set[int | None]:
+    """``version_id`` and the versions it compacted, one after the other: the same state."""
+    found = {version_id}
+    while version_id in compacted and compacted[version_id] not in found:
+        version_id = compacted[version_id]
+        found.add(version_id)
+    return found
 
 
 def plan_replay(ctx: RunContext, wanted: list[str], from_version: int, run_id: str | None = None) -> Plan:
