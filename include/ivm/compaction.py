@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from ivm.catalog.store import PublishChange, RelationState, StageRecord, new_id
 from ivm.config import StorageSettings
+from ivm.vocabulary import StageName
 
 if TYPE_CHECKING:
     from ivm.context import RunContext
@@ -71,7 +72,7 @@ def compact(ctx: RunContext, relations: Iterable[str], force: bool = False,
                 files=ctx.warehouse.files_for(size, settings.target_file_mb), run_id=run_id)
             changes.append(PublishChange(state.name, state.version_id, [written], replace=True))
             seconds = time.perf_counter() - started
-            stages.append(StageRecord("compact", state.name, rows_in=sum(x.rows or 0 for x in state.layers),
+            stages.append(StageRecord(StageName.COMPACT, state.name, rows_in=sum(x.rows or 0 for x in state.layers),
                                       rows_out=written.rows, seconds=round(seconds, 3),
                                       detail={"layers_before": len(state.layers),
                                               # (the version it replaces, whose state its new one holds)

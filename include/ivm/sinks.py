@@ -540,7 +540,7 @@ def write_views(ctx: RunContext, run_id: str, views: list[tuple[str, int | None,
     snapshot = (run.snapshot or {}) if run is not None else {}
     for view, previous, delta_path, full in views:
         w = write_view(ctx, view, previous, delta_path, full, commit_metadata(ctx, run_id, snapshot, view))
-        ctx.catalog.save_stage(run_id, StageRecord("sink", view, seconds=round(w.seconds, 3), detail={
+        ctx.catalog.save_stage(run_id, StageRecord(StageName.SINK, view, seconds=round(w.seconds, 3), detail={
             "location": w.location, "how": w.how, "delta_version": w.delta_version,
             "view_version": ctx.catalog.state(view).version_id, "outside_write": w.outside}))
         if w.outside is not None:

@@ -686,7 +686,7 @@ class Catalog:
                     if rel is not None and rel.current_version_id is not None and all(
                             marks.get(k) == v for k, v in needed.items()):
                         versions[name] = rel.current_version_id
-                s.add(RunStage(run_id=run_id, stage="publish", detail={"versions": versions}))
+                s.add(RunStage(run_id=run_id, stage=StageName.PUBLISH, detail={"versions": versions}))
             for staged in s.scalars(select(RunStage).where(RunStage.run_id == run_id,
                                                            RunStage.status == RunStatus.STAGED)):
                 staged.status = RunStatus.SUCCEEDED  # what the run's stages staged is published now

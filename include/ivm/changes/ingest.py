@@ -43,6 +43,7 @@ from ivm.changes.trim import segment_bounds, skip_column
 from ivm.config import CHANGE_TYPE, COMMIT_VERSION, COUNT_COLUMN, TableConfig
 from ivm.errors import ChangeDataError
 from ivm.storage import Warehouse
+from ivm.vocabulary import StageName
 from ivm.zset import SKIP_MIN_ROWS
 
 log = logging.getLogger(__name__)
@@ -284,7 +285,8 @@ def load_snapshot(spark: Callable[[], SparkSession], catalog: Catalog, warehouse
         arrow_reader.check_columns(name, table, path, changes=False)  # (a file the Arrow reader declined: before Spark)
         rows, written = _load_spark(spark(), warehouse, name, table, path, run_id, target_file_mb)
     published = catalog.publish(run_id, [PublishChange(name, state.version_id, [written], replace=True)],
-                                {(name, name): 0}, [StageRecord("load", name, rows_in=rows, rows_out=written.rows)])
+                                {(name, name): 0},
+                                [StageRecord(StageName.LOAD, name, rows_in=rows, rows_out=written.rows)])
     return rows, published[name]
 
 

@@ -58,7 +58,7 @@ class TableDelta:
 
     def trim_record(self) -> StageRecord:
         """What the trim stage records of the table."""
-        return StageRecord("trim", self.table, mode=Mode.INCREMENTAL, rows_in=self.log_rows,
+        return StageRecord(StageName.TRIM, self.table, mode=Mode.INCREMENTAL, rows_in=self.log_rows,
                            delta_rows=self.delta_rows, seconds=round(self.seconds, 3), status="staged",
                            detail={"from_version": self.from_version, "to_version": self.to_version,
                                    "layer": layer_json(self.layer) if self.layer else None,
@@ -128,7 +128,7 @@ class ViewWork:
 
     def maintain_record(self) -> StageRecord:
         """What the maintain stage records of the view."""
-        return StageRecord("maintain", self.view, mode=self.mode, rows_in=self.delta_in, rows_out=self.rows,
+        return StageRecord(StageName.MAINTAIN, self.view, mode=self.mode, rows_in=self.delta_in, rows_out=self.rows,
                            delta_rows=self.rows_changed, seconds=round(self.seconds, 3), status="staged",
                            detail={"stratum": self.stratum, "reason": self.reason, "relations": sorted(self.layers),
                                    "strategy": self.strategy, "choice": self.choice,
@@ -192,7 +192,7 @@ class Plan:
     def record(self, versions: dict[str, int | None]) -> StageRecord:
         """The plan stage's record: the plan and the relation versions it read (publish checks that
         nothing moved since)."""
-        return StageRecord("plan", detail={
+        return StageRecord(StageName.PLAN, detail={
             "snapshot": self.snapshot, "mode": self.mode, "versions": versions,
             "replay": self.replay.to_json() if self.replay else None,
             "tables": [t.to_json() for t in self.tables], "views": [v.to_json() for v in self.views]})

@@ -13,7 +13,7 @@ from ivm.modes import Mode
 from ivm.refresh.plan import load_plan, old_layers
 from ivm.refresh.record import ViewWork
 from ivm.validate import ViewState, check_views
-from ivm.vocabulary import Outcome
+from ivm.vocabulary import Outcome, RunStatus, StageName
 
 Progress = Callable[[str], None]
 
@@ -59,7 +59,8 @@ def validate_stage(ctx: RunContext, run_id: str, progress: Progress = lambda _: 
               for t in sorted(read)}
     checks = check_views(ctx, run_id, states, tables, sample, progress)
     for c in checks:
-        ctx.catalog.save_stage(run_id, StageRecord("validate", c.view, mode=Mode.INCREMENTAL, status="staged",
+        ctx.catalog.save_stage(run_id, StageRecord(StageName.VALIDATE, c.view, mode=Mode.INCREMENTAL,
+                                                   status=RunStatus.STAGED,
                                                    rows_in=len(c.comparison.rows) if c.comparison else 0,
                                                    seconds=round(c.seconds, 3),
                                                    detail={"outcome": c.status, "problem": c.problem,
