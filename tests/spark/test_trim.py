@@ -41,7 +41,9 @@ def apply_keyed(state: dict, changes: list[tuple]) -> dict:
     commits = [c[3] for c in changes]
     for i, (ct, k, v, commit) in enumerate(changes):
         if ct in ("delete", "update_preimage"):
-            if k not in state or state[k] != v:
+            # (a removal naming the key alone — v, the one other column, NULL — removes whatever row the
+            # key holds: the key identifies the row, #69; one that carries a value must match it)
+            if k not in state or (v is not None and state[k] != v):
                 raise Invalid(commit)
             del state[k]
         else:
