@@ -173,7 +173,8 @@ def refresh(ctx: RunContext, progress: Progress = lambda _: None, views: list[st
     if p.cancelled:
         progress(f"plan: the changes of {', '.join(p.cancelled)} cancel out; left for a later trim")
     if not p.tables and not p.views:
-        progress("plan: no table has changes past its watermark and every view is current; nothing to refresh")
+        progress("plan: " + ("" if p.cancelled else "no table has changes past its watermark and ")
+                 + "every view is current; nothing to refresh")
         publish.catch_up_sinks(ctx, p.snapshot, progress)
         return RefreshResult(None, "noop", p.snapshot, [], time.perf_counter() - started)
     progress(f"plan: run {p.run_id}, snapshot " + ", ".join(f"{t}@{v}" for t, v in p.snapshot.items())
