@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ivm.catalog.store import SegmentRef
+from ivm.changes.ingest import log_range
 from ivm.changes.reader import SEQ
 from ivm.config import CHANGE_TYPE, COMMIT_VERSION, COUNT_COLUMN, TableConfig
 from ivm.storage import Warehouse
@@ -74,11 +75,7 @@ def _changes(warehouse: Warehouse, segments: Sequence[SegmentRef], after: int, u
     """The range's changes in commit order (None: too many, or a truncate among them)."""
     if sum(s.rows for s in segments) > CANCEL_MAX_ROWS or any(s.truncates_in(after, upto, skip) for s in segments):
         return None
-    version = pc.field(COMMIT_VERSION)
-    where = (version > after) & (version <= upto)
-    if skip:
-        where &= ~version.isin(sorted(skip))
-    data = warehouse.read_arrow([s.path for s in segments], where)
+    data = warehouse.read_arrow([s.path for s in segments], log_range(after, upto, skip))
     if data is None:
         return None
     data = data.sort_by([(COMMIT_VERSION, "ascending"), (SEQ, "ascending")])

@@ -238,12 +238,15 @@ def log_keys(warehouse: Warehouse, table: TableConfig, segments: list[SegmentRef
     versions in (after, upto] but ``skip``), and whether one is NULL, read by pyarrow on the driver
     (`Warehouse.distinct_values`): a small change's trim finds the stored rows at them with an IN list,
     no Spark job for its keys. None when Spark finds them (`Warehouse.distinct_values` declines)."""
+    return warehouse.distinct_values([s.path for s in segments], skip_column(table), log_range(after, upto, skip))
+
+
+def log_range(after: int, upto: int, skip: Collection[int] = ()) -> pc.Expression:
+    """pyarrow's filter of `read_log`'s changes: commit versions in (after, upto] but ``skip``."""
     version = pc.field(COMMIT_VERSION)
     where = (version > after) & (version <= upto)
     skip = sorted(v for v in skip if after < v <= upto)
-    if skip:
-        where &= ~version.isin(skip)
-    return warehouse.distinct_values([s.path for s in segments], skip_column(table), where)
+    return where & ~version.isin(skip) if skip else where
 
 
 #: segments whose footers are read to rule out update images in a log range; past this many (each a

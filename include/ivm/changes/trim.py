@@ -377,17 +377,17 @@ def trim(name: str, table: TableConfig, log: DataFrame, snapshot: DataFrame | No
     second pass over a cached timeline): the caller writes ``delta``, then calls ``check()``, and drops
     what it wrote when that raises.
     """
-    if truncates and snapshot is None:  # (a trusted feed is a Delta table's change data feed: it has none)
+    truncated = bool(truncates)
+    if truncated and snapshot is None:  # (a trusted feed is a Delta table's change data feed: it has none)
         raise ValueError(f"table {name}: a trusted feed holds no truncates")
-    if truncates:  # (every stored row is in play: not a small change)
+    if truncated:  # (every stored row is in play: not a small change)
         small, bounds = False, None
     keys = keys if small else None  # (a large change's stored rows are found by a join)
     # (a keyed table's events carry its key beside the row, not every column twice: half the shuffle)
     events = _events(one_partition(log) if small else log, list(table.columns), list(table.key or table.columns),
                      update_images)
-    if truncates:
+    if truncated:
         events = _with_era(events, truncates)
-    truncated = bool(truncates)
     annotated = (_keyed(events, snapshot, table, stored_rows, small, bounds, keys, added, truncated) if table.keyed
                  else _unkeyed(events, snapshot, table, stored_rows, small, bounds, keys, truncated))
     bad = F.col(PROBLEM).isNotNull()

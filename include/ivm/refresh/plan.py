@@ -126,10 +126,11 @@ def plan(ctx: RunContext, views: list[str] | None = None, mode: str = Mode.AUTO,
         if newest > wm and name in read:
             where = ctx.source_location(name)
             if where is None:
-                live = _live_segments(catalog, name, wm, newest)
+                aside = {q.commit_version for q in catalog.quarantined(name)}
+                live = _live_segments(catalog, name, wm, newest, aside)
                 if not live:  # (every commit past the watermark set aside: nothing to trim, no Spark)
                     continue
-                if _cancels(ctx, name, live, wm, newest):
+                if _cancels(ctx, name, live, wm, newest, aside):
                     p.cancelled.append(f"{name} (commit versions {wm + 1}..{newest})")
                     continue
                 rows = sum(s.rows for s in live)
@@ -150,11 +151,10 @@ def view_crossover(ctx: RunContext, view: str, change_rows: int) -> Estimate:
                               fulls[0][1] if fulls else None, change_rows, settings)
 
 
-def _live_segments(catalog, table: str, after: int, upto: int) -> list:
-    """The log segments of (after, upto] that hold a commit not set aside (`ivm log quarantine`): a range
-    whose every commit was quarantined gives the trim nothing, and the table is left out of the run (its
-    watermark stays; a later commit's trim skips the quarantined ones as always)."""
-    aside = {q.commit_version for q in catalog.quarantined(table)}
+def _live_segments(catalog, table: str, after: int, upto: int, aside: set[int]) -> list:
+    """The log segments of (after, upto] that hold a commit not set aside (``aside``, `ivm log quarantine`):
+    a range whose every commit was quarantined gives the trim nothing, and the table is left out of the
+    run (its watermark stays; a later commit's trim skips the quarantined ones as always)."""
     return [s for s in catalog.segments(table, after, upto)
             if not all(v in aside for v in range(max(s.min_commit_version, after + 1),
                                                   min(s.max_commit_version, upto) + 1))]
@@ -177,16 +177,15 @@ def choose_strategy(ctx: RunContext, view: str, changed: dict[str, float] | None
         raise ConfigError(str(e)) from e
 
 
-def _cancels(ctx: RunContext, table: str, segments: list, after: int, upto: int) -> bool:
-    """Whether the log range (after, upto] is small and, read on the driver, cancels out: every change
-    applies and the net delta is empty (ivm.changes.cancel). The table is then left out of the run like
-    a range set aside — its watermark stays, a later trim reads the range again with what follows — so a
-    refresh whose changes all cancel starts no Spark and recomputes nothing."""
+def _cancels(ctx: RunContext, table: str, segments: list, after: int, upto: int, aside: set[int]) -> bool:
+    """Whether the log range (after, upto] but the commits set ``aside`` is small and, read on the driver,
+    cancels out: every change applies and the net delta is empty (ivm.changes.cancel). The table is then
+    left out of the run like a range set aside — its watermark stays, a later trim reads the range again
+    with what follows — so a refresh whose changes all cancel starts no Spark and recomputes nothing."""
     layers = ctx.catalog.state(table).layers
-    skip = {q.commit_version for q in ctx.catalog.quarantined(table)}
     added = ctx.catalog.table_defs()[table].added_columns or []
     return cancel.cancels(ctx.warehouse, ctx.config.tables[table], segments, [x.path for x in layers], after, upto,
-                          skip, added, sum(x.rows or 0 for x in layers))
+                          aside, added, sum(x.rows or 0 for x in layers))
 
 
 def _newest(ctx: RunContext, table: str) -> int:

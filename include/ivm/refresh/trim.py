@@ -112,11 +112,11 @@ def trim_table(ctx: RunContext, run_id: str, item: TableDelta) -> Callable[[], T
     def net_delta(skipped: set[int]) -> NetDelta:
         changes = read_log(spark, table, segments, item.from_version, item.to_version, skipped)
         current = ctx.warehouse.read_layers(spark, [x.path for x in layers], schema)
-        # a small change's keys read on the driver: the stored rows found at them by an IN list
-        keys = log_keys(ctx.warehouse, table, segments, item.from_version, item.to_version, skipped) \
-            if small else None
         # (the range's truncates, as the catalog recorded them: the table is then read whole)
         truncates = sorted(t for s in segments for t in s.truncates_in(item.from_version, item.to_version, skipped))
+        # a small change's keys read on the driver: the stored rows found at them by an IN list
+        keys = log_keys(ctx.warehouse, table, segments, item.from_version, item.to_version, skipped) \
+            if small and not truncates else None
         return trim(name, table, changes, current, sum(x.rows or 0 for x in layers),
                     update_images=has_update_images(ctx.warehouse, segments), small=small, bounds=bounds, keys=keys,
                     added=added, truncates=truncates)
