@@ -52,10 +52,11 @@ demo: venv
 # ones (the DAG end-to-end test, the counting stream) start first instead of last.
 #  1. test-in-process, each worker with a local Spark of its own: what needs a JVM of its own (the tests
 #     outside tests/spark — the DAG tests' spark-submits among them —, tests/spark's `classic` ones and
-#     those that start servers of their own) and the differential change-stream tests (counting, TPC-H);
+#     those that start servers of their own) and the TPC-H change streams (tests/spark/test_tpch.py);
 #  2. test-connect, on one warm Spark Connect server (`ivm server start` with tests/connect/ivm.yaml's
 #     settings, the suite's own), each worker a client session of it: every test of tests/spark, the
-#     differential ones again, so a call only a classic session offers cannot come back unseen. (On a
+#     differential change streams among them (TPC-H's again), so a call only a classic session offers
+#     cannot come back unseen (tests/conftest.py's DIFFERENTIAL says why the others run once). (On a
 #     2-core machine the suite is CPU-bound either way: the server runs it no faster than local Sparks.)
 TEST_WORKERS ?= 2
 PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder

@@ -24,6 +24,7 @@ from sqlglot.errors import ParseError
 
 from ivm.errors import ConfigError, NotFoundError
 from ivm.modes import Mode
+from ivm.vocabulary import MultipleUpdates, ReduceAlgorithm, StrategyName
 
 PROJECT_ENV = "IVM_PROJECT"
 #: set by the `ivm` command: a JVM the command starts writes its console (the JVM's own warnings, Spark's
@@ -372,10 +373,10 @@ class ReduceSettings(_Model):
     """004's reducing algorithms for a view maintained with ``strategy: reduce``."""
 
     #: NAIVE (Algorithm 1), RIE (2), RIC (3), REDUCE (4) or REDUCE+ (5: selections and projections early)
-    algorithm: Literal["NAIVE", "RIE", "RIC", "REDUCE", "REDUCE+"] = "REDUCE+"
+    algorithm: ReduceAlgorithm = ReduceAlgorithm.REDUCE_PLUS
     #: several changed tuples at once (§6): MU1 (Algorithm 6) or MU2 (Algorithm 7: the inserted
     #: candidates count as existing tuples for the deletions)
-    multiple_updates: Literal["MU1", "MU2"] = "MU2"
+    multiple_updates: MultipleUpdates = MultipleUpdates.MU2
 
 
 class CrossoverSettings(_Model):
@@ -422,7 +423,7 @@ class ViewConfig(_Model):
     crossover: CrossoverSettings = Field(default_factory=CrossoverSettings)
     #: how a set-semantics projection view is maintained: counting (000, derivation counts), keyed (003's
     #: derived rules) or reduce (004); unset: chosen per run by a cost model (ivm.maintain.strategy)
-    strategy: Literal["counting", "keyed", "reduce"] | None = None
+    strategy: StrategyName | None = None
     #: 004's algorithm and multiple-update method, where REDUCE maintains the view
     reduce: ReduceSettings = Field(default_factory=ReduceSettings)
     #: rounds a recursive fixpoint (evaluation or a DRed step) may take before the refresh fails

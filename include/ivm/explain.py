@@ -7,27 +7,24 @@ auxiliary predicates included), so a reader can follow each maintenance step in 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from tabulate import tabulate
 
 from ivm.analysis import analyse
 from ivm.config import ProjectConfig
-from ivm.ir import Literal, Program, SetOf
-from ivm.lang.auxiliary_views import ROLE, case1, set_changes_known
+from ivm.ir import Program
 from ivm.lang.nested import EXTRACTION, INDEX, extractions, nested_column, source_relation
-from ivm.maintain import cream, reduce
-from ivm.maintain.counting import ephemeral, groupby_subgoals, view_predicates
+from ivm.maintain import cream
+from ivm.maintain.counting import ephemeral, view_predicates
 from ivm.maintain.delta_rules import delta_rules
 from ivm.maintain.dred import dred_rules
-from ivm.maintain.groupby import describe
 from ivm.maintain.keyed import derived_rules
 from ivm.maintain.references import shortcuts
-from ivm.maintain.strategy import KEYED, REDUCE, Choice, Strategy, lookup
+from ivm.maintain.strategy import COUNTING, Choice, lookup
 from ivm.modes import Mode
 from ivm.refresh.plan import RULES
-from ivm.stratify import Component, Strata
+from ivm.stratify import Strata
 from ivm.vocabulary import Kind
 
 
@@ -136,15 +133,11 @@ def explain(program: Program, strata: Strata, config: ProjectConfig, view: str,
     own = sorted(p for p, d in program.predicates.items() if d.kind == Kind.AUX and d.owner == view)
     rule_preds = [view, *own, *extractions(program, upstream)]  # with 002's extraction rewrite
     component = next(c for c in strata.components if view in c.predicates)
-    components = recursive_components(strata, view_predicates(program, strata, view))
-    algorithm, reasons = choose(program, strata, config, view)
-    if choice is not None and lookup(choice.strategy).count_free and config.views[view].mode is not Mode.FULL:
-        algorithm, reasons = _COUNT_FREE_STEPS[lookup(choice.strategy)](program, config, view)
-    else:
-        reasons += [f"{p}: not stored (ephemeral): its one reader is a GROUP BY whose aggregates are all "
-                    f"maintained from Δ{p} and the stored state (000 §6.2), so Δ{p} enters the state's delta "
-                    f"as a plan and a full refresh aggregates {p} without writing it"
-                    for p in own if p in ephemeral(program, strata)]
+    components = strata.recursive_among(view_predicates(program, strata, view))
+    algorithm, reasons = choose(program, strata, config, view, choice)
+    reasons += [f"{p}: not stored (ephemeral): its one reader is a GROUP BY whose aggregates are all maintained "
+                f"from Δ{p} and the stored state (000 §6.2), so Δ{p} enters the state's delta as a plan and a full "
+                f"refresh aggregates {p} without writing it" for p in own if p in ephemeral(program, strata)]
     return Explanation(
         view=view,
         language=config.views[view].language,
@@ -173,105 +166,19 @@ def explain(program: Program, strata: Strata, config: ProjectConfig, view: str,
     )
 
 
-def _keyed_steps(program: Program, config: ProjectConfig, view: str) -> tuple[str, list[str]]:
-    """Key-based maintenance (003) of a view stored without counts: the algorithm and its steps."""
-    return "key-based (003)", [
-            "the view is stored without counts; each refresh computes the tuples leaving it from the deleted "
-            "tuples (other tables at their old state) and the tuples entering it from the inserted ones (new "
-            "state), deletes before inserts, inserts only of tuples not in the view (003 §5.4, §9)",
-            "NOT EXISTS: insertions into the subquery's tables delete, deletions insert (003 §7.2); UNION: a "
-            "tuple leaves only if no other select expression produces it, INTERSECT: enters only if all do "
-            "(003 §8)",
-            "an operation the analysis below marks rematerialize recomputes the view when a run's delta holds "
-            "it (the rematerialization rule); its difference from the stored view is the delta"]
-
-
-def _reduce_steps(program: Program, config: ProjectConfig, view: str) -> tuple[str, list[str]]:
-    """The reducing algorithms (004) on a view stored without counts: the algorithm and its steps."""
-    cfg = config.views[view].reduce
-    s = reduce.shape(program, view)
-    head = set(s.head_vars) if not isinstance(s, str) else set()
-    keyed = [a.pred for a in s.atoms if reduce.key_in_view(program, a, head)] if not isinstance(s, str) else []
-    out = [f"{cfg.algorithm} (004 Algorithm {reduce.ALGORITHMS.index(cfg.algorithm) + 1}) with "
-           f"{cfg.multiple_updates} ({'Algorithm 7' if cfg.multiple_updates == 'MU2' else 'Algorithm 6'}): per "
-           "changed table, the candidate relation V_C^i (what the changed tuples derive) and the existing relation "
-           "V_E^i (what the unchanged tuples agreeing with them on the view's columns derive) are joined table by "
-           "table; the target V_T leaves (deletion) or enters (insertion, §5) the view, stored without counts",
-           "both kinds' relations are one relation with a count per side and the steps one Spark plan: each step "
-           "joins the next table once for all of them; a candidate relation found empty empties the rest of the "
-           "plan (Spark's adaptive execution)",
-           "insertions build no existing relation: their targets are the candidates' view tuples not in V (§5)"]
-    if keyed and cfg.algorithm in ("REDUCE", "REDUCE+"):
-        out.append(f"Theorem 3: the view holds a key of {', '.join(keyed)}: no existing relation past that step; "
-                   "a deletion from it is looked up in the view")
-    if config.views[view].key and cfg.algorithm in ("REDUCE", "REDUCE+"):
-        out.append(f"Theorem 4: once Y_i holds the view's key ({', '.join(config.views[view].key)}) and no "
-                   "selection is left, a deletion's targets are read from the view and an insertion builds no "
-                   "further existing relation")
-    return f"REDUCE family (004): {cfg.algorithm}, {cfg.multiple_updates}", out
-
-
-#: what ``ivm explain`` says of each count-free strategy (ivm.maintain.strategy.REGISTRY)
-_COUNT_FREE_STEPS: dict[Strategy, Callable[[Program, ProjectConfig, str], tuple[str, list[str]]]] = {
-    KEYED: _keyed_steps, REDUCE: _reduce_steps}
-
-
-def choose(program: Program, strata: Strata, config: ProjectConfig, view: str) -> tuple[str, list[str]]:
-    """The algorithm that maintains ``view`` and why (docs/design.md §5)."""
+def choose(program: Program, strata: Strata, config: ProjectConfig, view: str,
+           choice: Choice | None = None) -> tuple[str, list[str]]:
+    """The algorithm that maintains ``view`` and why (docs/design.md §5): a full recompute when the view
+    asks for one, else what its strategy (``choice``'s; counting without one) says of itself."""
     if config.views[view].mode is Mode.FULL:
         return "full recompute", ["the view is configured with mode: full: every refresh that changes an input "
                                   "recomputes it from the new snapshot"]
-    preds = view_predicates(program, strata, view)
-    components = recursive_components(strata, preds)
-    reasons = []
-    for c in components:
-        reasons += [f"recursive component {', '.join(c.predicates)}: evaluated semi-naively to its fixpoint (set "
-                    "semantics, each round written and read back) and maintained by DRed (000 §7) in three steps: "
-                    "over-delete with the Δ⁻-rules over the old states, rederive the over-deleted tuples that keep "
-                    "a derivation in the new state (Δʳ-rules), insert with the Δ⁺-rules over the new states, each "
-                    "to a fixpoint (the rules below)"]
-    if len(components) < len(preds):
-        reasons.append(("around the recursion, " if components else "nonrecursive: ")
-                       + "maintained by the counting algorithm (000 Algorithm 4.1): the delta rules below, new states "
-                       "before the Δ subgoal and old ones after it; each stored tuple keeps its number of "
-                       "derivations in __count, so deletions need no rederivation")
+    strategy = lookup(choice.strategy) if choice is not None else COUNTING
+    algorithm, reasons = strategy.explain(program, strata, config, view)
     reasons += describe_nested(program, config, view, strata.upstream(view))
     # the planner's own rules (ivm.refresh.plan.RULES), so this cannot drift from what it does
     reasons.append("a full recompute happens only when " + "; or ".join(rule.when for rule in RULES))
-    sets = [p for p in preds if program.predicates[p].semantics == "set"]
-    if sets:
-        reasons.append(f"set semantics ({', '.join(sets)}): derivation counts are kept, but only changes of the "
-                       "set propagate upward (000 Algorithm 4.1 statement (2), §5.1)")
-    rules = [r for p in preds for r in program.rules_for(p)]
-    if any(isinstance(i, Literal) and i.negated for r in rules for i in r.body):
-        reasons.append("negation (NOT EXISTS, NOT IN, EXCEPT, outer-join padding): Δ(¬q) by 000 Definition 6.1, "
-                       "anti-joins against Qᵛ before the Δ subgoal and Q after it (Lemma 6.1)")
-    for p in preds:
-        for name, _, g in groupby_subgoals(program, p):
-            reasons.append(f"aggregation ({g}): 000 Algorithm 6.1 with the stored state {name}:")
-            reasons += [f"  {describe(a)}" for a in g.aggregates]
-    for r in rules:
-        for item in r.body:
-            if not isinstance(item, SetOf):
-                continue
-            if program.predicates[item.atom.pred].role == ROLE:
-                reasons.append(f"{item}: CReaM (001 Figure 1): the auxiliary view {item.atom.pred} keeps every "
-                               "variable of φ, Δ1–Δ6 maintain it from φ⁺/φ⁻ alone, and the view counts its "
-                               "derivations from v_a⁺/v_a⁻")
-            elif case1(program, r, item):
-                reasons.append(f"{item}: 001 §3 Case 1: the view holds every outer variable, so it is its own v_a; "
-                               "Δ1–Δ6 over its stored sets and φ's set changes")
-            elif set_changes_known(program, item):
-                reasons.append(f"{item}: Δ1–Δ6 (001 §3) over {item.atom.pred}, which serves as v_a")
-            else:
-                reasons.append(f"{item}: no auxiliary view (auxiliary_views: false): each touched group's set is "
-                               "re-read from φ before and after the change (001 §3, Γ1–Γ6)")
-    return ("DRed" if len(components) == len(preds) else "DRed + counting") if components else "counting", reasons
-
-
-def recursive_components(strata: Strata, preds: list[str]) -> list[Component]:
-    """The recursive components among a view's predicates."""
-    return [c for c in strata.components if c.recursive and set(c.predicates) & set(preds)]
+    return algorithm, reasons
 
 
 def _key_based(program: Program, view: str) -> dict:

@@ -20,6 +20,8 @@ from typing import Literal as Lit
 
 from sqlglot import exp
 
+from ivm.vocabulary import Kind
+
 VALUES_PLACEHOLDER = "ivm_aggregate_values"
 
 
@@ -304,7 +306,7 @@ class Predicate:
 
     name: str
     columns: list[str]
-    kind: Lit["base", "view", "aux", "extraction"]
+    kind: Kind
     #: bag: multiplicities count derivations; set: SELECT DISTINCT, set operators, Datalog
     semantics: Lit["bag", "set"] = "bag"
     #: the view an auxiliary predicate belongs to

@@ -149,7 +149,7 @@ class Project:
         for view, cfg in self.config.views.items():
             if cfg.strategy is not None:  # a forced strategy must apply to the view
                 program, strata = self.program
-                why = next(c for c in strategy.applicability(program, strata, view) if c.strategy == str(cfg.strategy))
+                why = strategy.lookup(cfg.strategy).applies(program, strata, view)
                 if not why.applicable:
                     raise ConfigError(f"views.{view}: strategy {cfg.strategy} does not apply: {why.why}")
         self._check_validation()

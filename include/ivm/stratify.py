@@ -9,6 +9,7 @@ independently of each other (docs/design.md §6).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ivm.errors import ConfigError
@@ -39,6 +40,11 @@ class Strata:
                     seen.add(d)
                     todo.append(d)
         return seen
+
+    def recursive_among(self, preds: Iterable[str]) -> list[Component]:
+        """The recursive components that hold any of ``preds`` (DRed maintains them, 000 §7)."""
+        wanted = set(preds)
+        return [c for c in self.components if c.recursive and wanted & set(c.predicates)]
 
 
 def check_safety(program: Program, rule: Rule) -> None:

@@ -56,9 +56,9 @@ from ivm.errors import IvmError, one_line
 from ivm.expectations import EXPECTED, STAGED
 from ivm.ir import GroupBy, Program, Var
 from ivm.lang.sql import union_in_recursion
-from ivm.maintain.strategy import Form
 from ivm.spark import adaptive, side_session
 from ivm.storage import Scratch
+from ivm.vocabulary import Form
 from ivm.zset import consolidate, expand, one_partition, restrict, small_change, union_all
 
 if TYPE_CHECKING:

@@ -64,10 +64,12 @@ class Kind(StrEnum):
 
 
 class RelationKind(StrEnum):
-    """A relation the catalog records: a table or a view (an auxiliary relation is recorded as its view's)."""
+    """A relation the catalog records: a table, a view, or an auxiliary relation a view's maintenance
+    stores (a GROUP BY state, an auxiliary view, an owner index)."""
 
     TABLE = "table"
     VIEW = "view"
+    AUX = "aux"
 
 
 class LayerKind(StrEnum):
@@ -75,3 +77,69 @@ class LayerKind(StrEnum):
 
     BASE = "base"
     DELTA = "delta"
+
+
+class StrategyName(StrEnum):
+    """How a view is maintained incrementally (`ivm.maintain.strategy.REGISTRY` holds each one's code; a
+    view's ``strategy:`` names one)."""
+
+    #: derivation counts (000 §4-6), DRed for recursive components (000 §7)
+    COUNTING = "counting"
+    #: 003's derived rules, the view stored without counts
+    KEYED = "keyed"
+    #: 004's reducing algorithms, the view stored without counts
+    REDUCE = "reduce"
+
+
+class Form(StrEnum):
+    """How a view's tuples are stored (the catalog's ``RelationVersion.form``)."""
+
+    #: with their derivation counts (000 §3)
+    COUNTS = "counts"
+    #: each tuple once, without counts (003, 004)
+    PRESENCE = "presence"
+
+
+class ReduceAlgorithm(StrEnum):
+    """004's reducing algorithms (a view's ``reduce.algorithm``), in the paper's order: Algorithms 1-5."""
+
+    NAIVE = "NAIVE"
+    #: reduces the existing relations (V_E^i keeps the tuples agreeing with V_C^i on Y_i)
+    RIE = "RIE"
+    #: reduces the candidate relations (V_C^i drops the tuples agreeing with V_E^i on Z_i)
+    RIC = "RIC"
+    REDUCE = "REDUCE"
+    #: REDUCE with selections and projections applied as early as possible
+    REDUCE_PLUS = "REDUCE+"
+
+    @property
+    def number(self) -> int:
+        """The paper's algorithm number."""
+        return list(ReduceAlgorithm).index(self) + 1
+
+    @property
+    def reduces_existing(self) -> bool:
+        return self in (ReduceAlgorithm.RIE, ReduceAlgorithm.REDUCE, ReduceAlgorithm.REDUCE_PLUS)
+
+    @property
+    def reduces_candidates(self) -> bool:
+        return self in (ReduceAlgorithm.RIC, ReduceAlgorithm.REDUCE, ReduceAlgorithm.REDUCE_PLUS)
+
+    @property
+    def reduces_both(self) -> bool:
+        """REDUCE and REDUCE+: the algorithms Theorems 3 and 4 and §5's insertions are stated for."""
+        return self.reduces_existing and self.reduces_candidates
+
+
+class MultipleUpdates(StrEnum):
+    """004 §6's methods for several changed tuples at once (a view's ``reduce.multiple_updates``)."""
+
+    #: Algorithm 6: the insertions' and the deletions' targets computed separately
+    MU1 = "MU1"
+    #: Algorithm 7: the inserted candidates count as existing tuples for the deletions
+    MU2 = "MU2"
+
+    @property
+    def number(self) -> int:
+        """The paper's algorithm number."""
+        return 6 if self is MultipleUpdates.MU1 else 7

@@ -11,6 +11,7 @@ from ivm.maintain import reduce
 from ivm.maintain.recompute import Evaluator
 from ivm.storage import Scratch, Warehouse
 from ivm.stratify import stratify
+from ivm.vocabulary import ReduceAlgorithm
 
 R1 = [("a1", "b1"), ("a2", "b2"), ("a2", "b3"), ("a2", "b4")]
 R2 = [("b1", "c1", "d1"), ("b2", "c2", "d1"), ("b2", "c2", "d2"), ("b3", "c2", "d2"), ("b4", "c2", "d2"),
@@ -142,7 +143,7 @@ def test_example_6_reduce_plus_projects_early(spark, tmp_path):
 
 def test_reduce_intermediate_results_no_larger_than_naive(spark, tmp_path):
     counted = {}
-    for alg in reduce.ALGORITHMS:
+    for alg in list(ReduceAlgorithm):
         r, delta = run(spark, tmp_path, alg, deleted=[("a2", "b2")])
         st = steps(r)
         counted[alg] = tuple(sum(n or 0 for n in side) for side in zip(*map(sizes, st), strict=True))
@@ -152,7 +153,7 @@ def test_reduce_intermediate_results_no_larger_than_naive(spark, tmp_path):
     assert sum(counted["REDUCE"]) < sum(counted["NAIVE"]) and sum(counted["REDUCE+"]) <= sum(counted["REDUCE"])
 
 
-@pytest.mark.parametrize("algorithm", reduce.ALGORITHMS)
+@pytest.mark.parametrize("algorithm", list(ReduceAlgorithm))
 def test_insertion_section_5(spark, tmp_path, algorithm):
     # (a1, b2) derives (a1, c2, e1), (a1, c2, e2), (a1, c2, e4): all new
     r, delta = run(spark, tmp_path, algorithm, inserted=[("a1", "b2")])
@@ -206,6 +207,20 @@ def test_theorem_3_deletion_read_from_the_view(spark, tmp_path):
     # every tuple of V with A = a2 leaves, read off V without touching R2 or R3
     assert rows(delta, "a", "c", "e", "__count") == {(a, c, e, -1) for a, c, e in view_of(
         [("a1", "b1"), ("a2", "b2")], R2) if a == "a2"}
+
+
+def test_ric_is_skipped_once_theorem_3_leaves_no_existing_relation(spark, tmp_path):
+    # R2 keyed by C and X_V ⊇ C: V_E^2 = ∅ (Theorem 3), so at step 3 RIC has nothing to compare with and is
+    # skipped (§7: a reduction that cannot pay); the target is V_C^3's view tuples all the same
+    tables = {**TABLES, "r2": {**TABLES["r2"], "key": ["c"]}}
+    r2 = [("b1", "c1", "d1"), ("b2", "c2", "d1"), ("b3", "c3", "d2"), ("b4", "c4", "d2")]
+    r, delta = run(spark, tmp_path, "REDUCE", deleted=[("a2", "b2")], tables=tables, r2=r2)
+    st = steps(r)
+    assert [x.table for x in st] == ["r1", "r2", "r3"]
+    assert "Theorem 3" in st[1].note and "RIC skipped at step 3" in st[2].note and "RIC" not in st[1].note
+    assert rows(delta, "a", "c", "e", "__count") == {("a2", "c2", "e1", -1), ("a2", "c2", "e4", -1)}
+    assert rows(delta, "a", "c", "e", "__count") == {(*v, -1) for v in view_of(R1, r2) - view_of(
+        [x for x in R1 if x != ("a2", "b2")], r2)}
 
 
 def test_theorem_4_stops_when_y_holds_the_views_key(spark, tmp_path):

@@ -10,11 +10,12 @@ from ivm.catalog.store import StageRecord, WrittenLayer
 from ivm.errors import ConfigError
 from ivm.explain import choose
 from ivm.maintain.crossover import Estimate
-from ivm.maintain.strategy import COUNTING, KEYED, REDUCE, REGISTRY, Form, lookup, stored_form
+from ivm.maintain.strategy import COUNTING, KEYED, REDUCE, REGISTRY, Choice, lookup, stored_form
 from ivm.modes import Mode
 from ivm.refresh.plan import DEFINITION_CHANGED, RULES, ViewFacts, recompute_reason
 from ivm.refresh.record import Plan, Replay, TableDelta, ViewWork
 from ivm.stratify import stratify
+from ivm.vocabulary import Form
 from tests.helpers import PROGRAM, PROJECT
 
 
@@ -94,6 +95,18 @@ def test_the_strategy_registry():
     assert stored_form("reduce") is Form.PRESENCE and stored_form("counting") == "counts"
     with pytest.raises(ConfigError, match="unknown strategy 'ivm'; use one of counting, keyed, reduce"):
         lookup("ivm")
+
+
+def test_explain_asks_the_views_strategy():
+    """`ivm explain`'s algorithm and steps are the chosen strategy's own (`Strategy.explain`), the planner's
+    rules after them; a view configured ``mode: full`` is a recompute whatever the strategy."""
+    program, strata = PROGRAM, stratify(PROGRAM)
+    for s in REGISTRY.values():
+        choice = Choice("v_agg", s.name, "test")
+        algorithm, reasons = choose(program, strata, PROJECT, "v_agg", choice)
+        own = s.explain(program, strata, PROJECT, "v_agg")
+        assert (algorithm, reasons[:len(own[1])]) == own and reasons[-1].startswith("a full recompute happens")
+    assert choose(program, strata, PROJECT, "v_agg")[0] == "counting"
 
 
 def test_modes():

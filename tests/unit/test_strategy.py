@@ -85,6 +85,29 @@ def test_small_changes_stay_with_counting_and_the_stored_form_is_sticky():
 
 def test_join_order_starts_at_the_changed_reference_and_stays_connected():
     s = reduce.shape(PROGRAM, "staff")
-    assert reduce.join_order(s, 1) == [1, 0]
+    assert reduce.join_order(PROGRAM, s, 1) == [1, 0]
     assert reduce.key_in_view(PROGRAM, s.atoms[0], set(s.head_vars)) == ["id"]
     assert reduce.key_in_view(PROGRAM, reduce.shape(PROGRAM, "pairs").atoms[1], {"e_dept_2", "p_dept_5"}) is None
+
+
+def test_join_order_puts_a_table_whose_key_the_view_holds_first():
+    """004 §4 (Theorem 3) and §7: from a change of r2, r3 (keyed by e, which the view holds: V_E = ∅ past
+    it) joins before r1, though the view names r1 first; without keys, the table bringing more view
+    columns first; ties in body order. ``ivm explain`` shows the order."""
+    tables = {"r1": {"columns": {"a": "string", "b": "string"}},
+              "r2": {"columns": {"b": "string", "c": "string", "d": "string"}},
+              "r3": {"columns": {"d": "string", "e": "string", "f": "string"}, "key": ["e"]}}
+    views = {"v": {"sql": "SELECT DISTINCT r1.a, r2.c, r3.e FROM r1 JOIN r2 ON r1.b = r2.b JOIN r3 ON r2.d = r3.d"},
+             "w": {"sql": "SELECT DISTINCT r1.a, r2.c, r3.e, r3.f FROM r1 JOIN r2 ON r1.b = r2.b "
+                          "JOIN r3 ON r2.d = r3.d"}}
+    config = parse_project({"tables": {**tables, "r3": {**tables["r3"], "key": None}}, "views": views})
+    keyed_config = parse_project({"tables": tables, "views": views})
+    for cfg, expected in ((keyed_config, {"v": ["r2", "r3", "r1"], "w": ["r2", "r3", "r1"]}),
+                          (config, {"v": ["r2", "r1", "r3"], "w": ["r2", "r3", "r1"]})):
+        program = compile_project(cfg)
+        for view, order in expected.items():
+            s = reduce.shape(program, view)
+            assert [s.atoms[j].pred for j in reduce.join_order(program, s, 1)] == order, (view, order)
+    program = compile_project(keyed_config)
+    _, steps = strategy.REDUCE.explain(program, stratify(program), keyed_config, "v")
+    assert any("r2 → r3 → r1" in line for line in steps)

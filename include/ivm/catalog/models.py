@@ -101,8 +101,8 @@ class RelationVersion(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     #: set when a newer version replaced this one; garbage collection counts retention from here
     superseded_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
-    #: how a view's tuples are stored: "counts" (derivation counts, 000) or "presence" (each tuple once:
-    #: key-based and reducing maintenance, 003/004); NULL: counts
+    #: how a view's tuples are stored (`ivm.vocabulary.Form`): counts (derivation counts, 000) or presence
+    #: (each tuple once: key-based and reducing maintenance, 003/004); NULL: counts
     form: Mapped[str | None] = mapped_column(String(16), nullable=True)
 
     entries: Mapped[list[VersionLayer]] = relationship(

@@ -39,7 +39,7 @@ from ivm.catalog.models import (
     utcnow,
 )
 from ivm.errors import CatalogError, ChangeDataError, LeaseError, NotFoundError, one_line
-from ivm.vocabulary import LayerKind, RelationKind, RunStatus, StageName
+from ivm.vocabulary import Form, LayerKind, RelationKind, RunStatus, StageName
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +81,8 @@ class RelationState:
     version: int
     layers: tuple[LayerRef, ...] = ()
     created_at: datetime | None = None
-    #: "counts" or "presence" (RelationVersion.form)
-    form: str = "counts"
+    #: how the tuples are stored (RelationVersion.form)
+    form: Form = Form.COUNTS
 
     @property
     def base(self) -> LayerRef | None:
@@ -90,7 +90,7 @@ class RelationState:
 
     @property
     def deltas(self) -> tuple[LayerRef, ...]:
-        return tuple(layer for layer in self.layers if layer.kind == "delta")
+        return tuple(layer for layer in self.layers if layer.kind == LayerKind.DELTA)
 
 
 @dataclass(frozen=True)
@@ -156,7 +156,7 @@ class PublishChange:
     #: the layers (ids) of an earlier version to put before ``layers`` instead of the current version's:
     #: a replay publishes the restored state plus its delta
     base: Sequence[str] | None = None
-    #: how the new version stores the view ("counts" / "presence"); None: as the previous version
+    #: how the new version stores the view (a `Form`); None: as the previous version
     form: str | None = None
 
 
@@ -317,7 +317,7 @@ class Catalog:
             return None
         return RelationState(name, version.id, version.version, tuple(
             LayerRef(layer.id, layer.kind, layer.path, layer.rows, layer.bytes) for layer in version.layers),
-            aware(version.created_at), version.form or "counts")
+            aware(version.created_at), Form(version.form or Form.COUNTS))
 
     # -- change logs ---------------------------------------------------------------------------------
 
@@ -638,7 +638,7 @@ class Catalog:
             for change in changes:
                 rel = s.get(Relation, change.relation, with_for_update=True)
                 if rel is None and change.create:
-                    rel = Relation(name=change.relation, kind="aux")
+                    rel = Relation(name=change.relation, kind=RelationKind.AUX)
                     s.add(rel)
                 if rel is None:
                     raise CatalogError(f"relation {change.relation} is not in the catalog (run `ivm apply`)")

@@ -55,7 +55,7 @@ def add_datalog_view(program: Program, view: str, rules: list[Rule]) -> None:
     if view not in heads:
         raise ConfigError(f"views.{view}: the Datalog program does not define the predicate {view}")
     for pred, head in heads.items():
-        program.predicates[pred] = Predicate(pred, column_names(head), "view" if pred == view else "aux",
+        program.predicates[pred] = Predicate(pred, column_names(head), Kind.VIEW if pred == view else Kind.AUX,
                                              "set", owner=view)
     for r in rules:
         for item in r.body:
@@ -79,7 +79,7 @@ def add_datalog_view(program: Program, view: str, rules: list[Rule]) -> None:
 
 def compile_project(config: ProjectConfig) -> Program:
     """The program of all the project's views. Errors name the view and the construct."""
-    program = Program({name: Predicate(name, list(t.columns), "base", "set" if t.key else "bag",
+    program = Program({name: Predicate(name, list(t.columns), Kind.BASE, "set" if t.key else "bag",
                                        keys=([list(t.key)] if t.key else []) + [list(u) for u in t.unique],
                                        references={c: tuple(r.split(".")) for c, r in t.references.items()})
                        for name, t in config.tables.items()})

@@ -98,7 +98,7 @@ def auxiliary_views(program: Program, config: ProjectConfig) -> Program:
                 n += 1
             counters[view] = n
             head = Atom(f"{view}__va{n}", tuple(keep))
-            program.predicates[head.pred] = Predicate(head.pred, column_names(head), "aux", semantics,  # type: ignore[arg-type]
+            program.predicates[head.pred] = Predicate(head.pred, column_names(head), Kind.AUX, semantics,  # type: ignore[arg-type]
                                                       owner=view, role=ROLE)
             rules.append(Rule(head, (Literal(item.atom),)))
             body[j] = (SetOf(item.elements, head, item.result) if isinstance(item, SetOf)

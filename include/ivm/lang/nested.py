@@ -273,7 +273,7 @@ def _index(program: Program, owner: str, table: str, column: str, positions: lis
     if name not in program.predicates:
         t = program.predicates[table]
         columns = [t.columns[p] for p in positions]
-        program.predicates[name] = Predicate(name, columns, "aux", "bag", owner=owner, role=INDEX,
+        program.predicates[name] = Predicate(name, columns, Kind.AUX, "bag", owner=owner, role=INDEX,
                                              cluster=[column, *(c for c in columns if c != column)])
         args = tuple(Var(f"C{p}") for p in range(len(t.columns)))
         program.rules.append(Rule(Atom(name, tuple(args[p] for p in positions)), (Literal(Atom(table, args)),)))

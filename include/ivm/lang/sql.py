@@ -117,7 +117,7 @@ class SqlCompiler:
                 return name
 
     def _aux(self, columns: list[str], semantics: str = "bag", role: str = "from") -> Predicate:
-        pred = Predicate(self._next(self.view, "__"), columns, "aux", semantics, owner=self.view, role=role)
+        pred = Predicate(self._next(self.view, "__"), columns, Kind.AUX, semantics, owner=self.view, role=role)
         self.program.predicates[pred.name] = pred
         return pred
 
@@ -149,7 +149,7 @@ class SqlCompiler:
             tree = self._qualify(counted, schema)
         tree = scalar_subqueries.rewrite(tree, name)  # (decorrelated into joins with aggregate subqueries)
         tree = grouped_in.rewrite(tree)  # (an uncorrelated IN over GROUP BY / HAVING: through a FROM subquery)
-        self._query(tree, name, "view")
+        self._query(tree, name, Kind.VIEW)
         self._view_is_its_recursion(name)
         return self.program.predicates[name]
 
@@ -162,7 +162,7 @@ class SqlCompiler:
 
     # -- queries -----------------------------------------------------------------------------------
 
-    def _query(self, node: exp.Expression, name: str | None, kind: str = "aux", role: str = "from") -> Predicate:
+    def _query(self, node: exp.Expression, name: str | None, kind: Kind = Kind.AUX, role: str = "from") -> Predicate:
         """Compile a query into predicate ``name`` (a new auxiliary predicate with ``role`` if None)."""
         if node.args.get("order") or node.args.get("limit") or node.args.get("offset"):
             raise self._fail("ORDER BY / LIMIT in a view")
@@ -188,7 +188,7 @@ class SqlCompiler:
             p.alias_or_name for p in cte.this.left.find(exp.Select).expressions]
         pred = self._aux(columns, "set" if cte.this.args.get("distinct") else "bag", "from")
         self._ctes[cte.alias_or_name] = pred.name
-        self._set_operation(cte.this, pred.name, "aux", "from")
+        self._set_operation(cte.this, pred.name, Kind.AUX, "from")
         pred_now = self.program.predicates[pred.name]
         pred_now.owner, pred_now.role = self.view, "from"
         self._inline_sides(pred.name)
@@ -237,14 +237,14 @@ class SqlCompiler:
         del program.predicates[cte.name]
         program.predicates[view].semantics = "set"
 
-    def _target(self, name: str | None, kind: str, columns: list[str], semantics: str, role: str) -> Predicate:
+    def _target(self, name: str | None, kind: Kind, columns: list[str], semantics: str, role: str) -> Predicate:
         if name is None:
             return self._aux(columns, semantics, role)
-        pred = Predicate(name, columns, kind, semantics)  # type: ignore[arg-type]
+        pred = Predicate(name, columns, kind, semantics)
         self.program.predicates[name] = pred
         return pred
 
-    def _set_operation(self, node: exp.SetOperation, name: str | None, kind: str, role: str) -> Predicate:
+    def _set_operation(self, node: exp.SetOperation, name: str | None, kind: Kind, role: str) -> Predicate:
         distinct = bool(node.args.get("distinct"))
         op = {exp.Union: "UNION", exp.Intersect: "INTERSECT", exp.Except: "EXCEPT"}[type(node)]
         if op != "UNION" and not distinct:  # (rewritten before: ivm.lang.bag_set_operations)
@@ -263,7 +263,7 @@ class SqlCompiler:
             self.program.rules.append(Rule(Atom(target.name, xs), (Literal(Atom(left.name, xs)), other)))
         return target
 
-    def _select(self, sel: exp.Select, name: str | None, kind: str, role: str) -> Predicate:
+    def _select(self, sel: exp.Select, name: str | None, kind: Kind, role: str) -> Predicate:
         from_ = _arg(sel, "from")
         if from_ is None:
             raise self._fail("SELECT without FROM")
@@ -309,7 +309,7 @@ class SqlCompiler:
             self._add_rule(Rule(Atom(target.name, tuple(head)), tuple(b.body)), b)
         return target
 
-    def _windowed(self, sel: exp.Select, name: str | None, kind: str, role: str) -> Predicate:
+    def _windowed(self, sel: exp.Select, name: str | None, kind: Kind, role: str) -> Predicate:
         """A SELECT with window functions (ivm.lang.window_functions): its rows before the windows as an
         auxiliary predicate; per PARTITION BY, 000 §6.2's GROUPBY subgoal on the partition columns whose
         one aggregate collects the partition's rows with their window values, unnested by the rule that

@@ -50,17 +50,15 @@ from pyspark.sql import functions as F
 
 from ivm.config import COUNT_COLUMN
 from ivm.ir import Atom, Condition, Const, Literal, Program, Rule, Var
-from ivm.maintain import recompute
 from ivm.maintain.counting import presence_change
 from ivm.maintain.fixpoint import as_set
 from ivm.maintain.recompute import Evaluator, natural_join
 from ivm.storage import Scratch
-from ivm.vocabulary import Kind
+from ivm.vocabulary import Kind, MultipleUpdates, ReduceAlgorithm
 from ivm.zset import BROADCAST_BYTES, anti_join, consolidate, negate, quote, restrict, union_all
 
 log = logging.getLogger(__name__)
 C = COUNT_COLUMN
-ALGORITHMS = ("NAIVE", "RIE", "RIC", "REDUCE", "REDUCE+")
 #: an update's relation is written after this many joins when more follow (each step adds a join, an
 #: aggregate and windows to the plan Spark optimizes at once)
 CHECKPOINT_STEPS = 4
@@ -116,10 +114,38 @@ def key_in_view(program: Program, atom: Atom, head_vars: set[str]) -> list[str] 
     return None
 
 
-def join_order(s: Shape, first: int) -> list[int]:
-    """R_1 = the updated reference, then each next reference sharing a variable with those joined (in
-    body order among them), so every step is a join, not a product, where the view allows."""
-    return recompute.join_order(tuple(Literal(a) for a in s.atoms), first)
+def join_order(program: Program, s: Shape, first: int) -> list[int]:
+    """R_1 = the updated reference, then step by step a reference sharing a variable with those joined (a
+    join, not a product, where the view allows), chosen as 004 says its properties should choose (§4 after
+    Theorem 3: "this theorem will help to decide an optimal join order"; §7: "the properties of the
+    reducing algorithms shown in Section 4 will be a great help to decide the order of the joins"):
+
+    1. a reference whose key the view holds (Theorem 3: V_E^i = ∅ from that step on, so the existing
+       relation costs nothing past it — under REDUCE the sooner the better);
+    2. else the one that brings the most view columns into Y_i (RIE and RIC compare on them, and Theorem 4
+       stops once Y_i holds the view's key);
+    3. else body order (as the view is written).
+
+    >>> from ivm.ir import Atom, Rule
+    >>> from ivm.ir import Predicate, Program, Var
+    >>> p = Program({n: Predicate(n, c, "base", keys=k) for n, c, k in (
+    ...     ("r1", ["a", "b"], [["a"]]), ("r2", ["b", "c", "d"], []), ("r3", ["d", "e"], []))})
+    >>> A, B, C, D, E = map(Var, "ABCDE")
+    >>> atoms = (Atom("r3", (D, E)), Atom("r1", (A, B)), Atom("r2", (B, C, D)))
+    >>> join_order(p, Shape("v", Rule(Atom("v", (A, C, E)), tuple(Literal(x) for x in atoms)), atoms, ()), 2)
+    [2, 1, 0]
+    """
+    head = set(s.head_vars)
+    order, rest = [first], [i for i in range(len(s.atoms)) if i != first]
+    seen = set(s.atoms[first].variables())
+    while rest:
+        joinable = [i for i in rest if s.atoms[i].variables() & seen] or rest[:1]  # (a product only if it must)
+        nxt = min(joinable, key=lambda i: (key_in_view(program, s.atoms[i], head) is None,
+                                           -len((s.atoms[i].variables() & head) - seen), i))
+        order.append(nxt)
+        rest.remove(nxt)
+        seen |= s.atoms[nxt].variables()
+    return order
 
 
 @dataclass
@@ -162,12 +188,12 @@ class Reducer:
     stored tuples before the run; ``small(pred)``: its change is small enough to broadcast, and so are
     the relations an update derives from it alone."""
 
-    def __init__(self, program: Program, s: Shape, algorithm: str, multiple: str, view_key: list[str] | None,
+    def __init__(self, program: Program, s: Shape, algorithm: ReduceAlgorithm, multiple: MultipleUpdates,
+                 view_key: list[str] | None,
                  relation: Callable[[str, str], DataFrame], changes: Callable[[str], DataFrame | None],
                  view_old: DataFrame, scratch: Scratch, ev: Evaluator, small: Callable[[str], bool] = lambda _t: False):
-        if algorithm not in ALGORITHMS:
-            raise ValueError(f"unknown reducing algorithm {algorithm!r}")
-        self.program, self.s, self.algorithm, self.multiple = program, s, algorithm, multiple
+        self.program, self.s = program, s
+        self.algorithm, self.multiple = ReduceAlgorithm(algorithm), MultipleUpdates(multiple)
         self.relation, self.changes, self.view_old = relation, changes, view_old
         self.scratch, self.ev, self.small = scratch, ev, small
         head = self.program.predicates[s.view].columns
@@ -202,7 +228,7 @@ class Reducer:
         return [c for c in df.columns if c != C]
 
     def _plus(self) -> bool:
-        return self.algorithm == "REDUCE+"
+        return self.algorithm is ReduceAlgorithm.REDUCE_PLUS
 
     def _select(self, df: DataFrame, conditions: list[Condition]) -> DataFrame:
         for c in conditions:
@@ -251,7 +277,7 @@ class Reducer:
         changed = self.ev.atom(atom, change)
         s_i = changed.where(F.col(C) > 0)
         s_d = negate(changed.where(F.col(C) < 0))
-        u = _Update(self, atom.pred, join_order(self.s, k), rel, s_i, s_d, own_old, self.small(atom.pred))
+        u = _Update(self, atom.pred, join_order(self.program, self.s, k), rel, s_i, s_d, own_old, self.small(atom.pred))
         for i in range(len(u.order)):
             u.step(i)
         t_i, t_d = u.target("insertion"), u.target("deletion")
@@ -266,7 +292,7 @@ class Reducer:
                                negate(anti_join(t_d, t_i, null_safe=True))])
             return consolidate(delta)
         delta = union_all([t_i, negate(t_d)])
-        if self.multiple == "MU2":  # Theorem 8: (V − V_TD') ∪ V_TI, so V_TI may hold tuples still in V
+        if self.multiple is MultipleUpdates.MU2:  # Theorem 8: (V − V_TD') ∪ V_TI, so V_TI may hold tuples still in V
             keys = delta.select(*[F.col(quote(c)) for c in cols]).distinct()
             delta = presence_change(self.current_view(keys, cols), consolidate(delta), cols)
         return consolidate(delta)
@@ -306,7 +332,7 @@ class _Update:
         self.applied: set[int] = set()  # conditions applied (REDUCE+)
         #: REDUCE and REDUCE+ build no existing relation for the insertions: V stands for its view
         #: tuples (Reducer.update)
-        self.view_existing = r.algorithm in ("REDUCE", "REDUCE+")
+        self.view_existing = r.algorithm.reduces_both
         self.has_existing = {"insertion": not self.view_existing, "deletion": True}
         self.active = {kind: True for kind in SIDES}  # False: a theorem settled the kind's target
         self.from_view: DataFrame | None = None  # Theorem 3 (i = 1) / Theorem 4: the deletion's keys of V_T
@@ -371,7 +397,7 @@ class _Update:
         MU2 (Algorithm 7) the insertion candidates are existing tuples for the deletions."""
         rows = self._vars()
         covered = self._agree("__de", z, rows)
-        if self.r.multiple == "MU2":
+        if self.r.multiple is MultipleUpdates.MU2:
             covered = covered | self._agree("__ic", z, rows)
         self._keep({"__dc": ~covered, "__ic": ~self._agree("__ie", z, rows)})
 
@@ -402,9 +428,8 @@ class _Update:
         alg, r = self.r.algorithm, self.r
         if not any(self.active.values()):
             return
-        reduce_c = alg in ("RIC", "REDUCE", "REDUCE+")
-        reduce_e = alg in ("RIE", "REDUCE", "REDUCE+")
-        shortcuts = alg in ("REDUCE", "REDUCE+")  # Theorems 3 and 4 are stated for REDUCE
+        reduce_c, reduce_e = alg.reduces_candidates, alg.reduces_existing
+        shortcuts = alg.reduces_both  # Theorems 3 and 4 are stated for REDUCE
         atom = self.s.atoms[self.order[i]]
         theorem3 = shortcuts and key_in_view(r.program, atom, set(self.s.head_vars)) is not None
         notes: dict[str, list[str]] = {kind: [] for kind in SIDES}
@@ -430,8 +455,13 @@ class _Update:
         # the tables' layers are read as they are (joins distribute over ⊎): each step settles its
         # relations into sets, under REDUCE+ projected on Z_i (§4: as early as possible)
         self.t = self._settle(sorted(self._z(i)) if r._plus() else sorted(self.joined))
-        if i > 0 and reduce_c:
+        if i > 0 and reduce_c and any(self.has_existing.values()):
             self._ric(sorted(self._z(i)))
+        elif i > 0 and reduce_c:
+            # §7: "it may be better to skip the reduction by RIE or RIC" where it cannot pay — here it cannot
+            # drop a tuple: no existing relation is left to compare with (Theorem 3 passed, or none built)
+            for kind in SIDES:
+                notes[kind].append(f"RIC skipped at step {i + 1}: no existing relation")
         if theorem3:
             # Theorem 3: X_V holds a key of R_i, so V_E^i = ∅ and no later existing relation is built
             self._keep({"__ie": F.lit(False), "__de": F.lit(False)})
@@ -491,7 +521,7 @@ class _Update:
         else:
             cand = self.side(c) if r._plus() else r._select(self.side(c), list(self.s.conditions))
             t = r._as_view(cand)
-            if r.algorithm in ("NAIVE", "RIE") and self.has_existing[kind]:
+            if not r.algorithm.reduces_candidates and self.has_existing[kind]:
                 existing = r._as_view(r._select(self.side(e), list(self.s.conditions)))
                 t = anti_join(t, existing.drop(C), null_safe=True)
         self.traces[kind].target = t

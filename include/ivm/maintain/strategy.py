@@ -19,55 +19,137 @@ chain and the existing chain (one unchanged tuple per changed one, all of R_1 wh
 no column, none past a Theorem 3 step), but
 a deletion stops at Theorem 3 (the view holds R_1's key: a lookup in V) or Theorem 4 (Y_i holds the
 view's key). The estimates are shown by `ivm explain` and recorded with each run.
+
+Each strategy is one object of `REGISTRY` that owns its code (dbt's incremental strategies, one entry
+each): its name and stored form, when it applies (`Strategy.applies`), its cost over one `Estimate`, the
+algorithm's name (`describe`), what `ivm explain` says of it (`explain`) and its maintenance of one view
+(`maintain`). The planner, `ivm explain` and the maintain stage look a strategy up once and call it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
-from enum import StrEnum
+from functools import cached_property
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 
 from ivm.analysis import Decision, analyse
-from ivm.config import ViewConfig
+from ivm.config import COUNT_COLUMN, ProjectConfig, ViewConfig
 from ivm.errors import ConfigError
-from ivm.ir import Condition, Const, Literal, Program, Var
+from ivm.ir import Condition, Const, Literal, Program, SetOf, Var
+from ivm.lang.auxiliary_views import ROLE, case1, set_changes_known
 from ivm.maintain import keyed, reduce
-from ivm.maintain.counting import view_predicates
+from ivm.maintain.count_free import CountFree
+from ivm.maintain.counting import Counting, view_predicates
+from ivm.maintain.fixpoint import as_set
+from ivm.maintain.groupby import describe, groupby_subgoals
 from ivm.stratify import Strata
-from ivm.vocabulary import Kind
+from ivm.vocabulary import Form, Kind, StrategyName
+from ivm.zset import change_sizes, consolidate
 
+log = logging.getLogger(__name__)
+C = COUNT_COLUMN
 #: rows one Spark job is worth (a small job costs ~0.1 s here; ~1M rows/s through a join)
 JOB_ROWS = 100_000
 
 
-class Form(StrEnum):
-    """How a view's tuples are stored (the catalog's ``RelationVersion.form``)."""
+@dataclass
+class Candidate:
+    strategy: StrategyName
+    applicable: bool
+    why: str
+    cost: float | None = None
 
-    #: with their derivation counts (000 §3)
-    COUNTS = "counts"
-    #: each tuple once, without counts (003, 004)
-    PRESENCE = "presence"
 
+@dataclass
+class Choice:
+    view: str
+    strategy: StrategyName
+    reason: str
+    candidates: list[Candidate] = field(default_factory=list)
 
-def _counting_algorithm(program: Program, strata: Strata, view: str, _: ViewConfig) -> str:
-    """Counting, with DRed for the view's recursive components."""
-    recursive = [p for c in strata.components if c.recursive for p in c.predicates
-                 if p in view_predicates(program, strata, view)]
-    if recursive:
-        return f"DRed (000 §7) for {', '.join(recursive)}, counting (000 §4-6) around it"
-    return "counting (000 §4-6)"
+    def as_dict(self) -> dict:
+        return asdict(self)
 
 
 @dataclass(frozen=True)
-class Strategy:
-    """One way to maintain a view incrementally, found by its name in `REGISTRY` (dbt's incremental
-    strategies: a name checked against a registry, then looked up; never compared as a string)."""
+class Outcome:
+    """What a strategy's maintenance of one view did beyond the delta it wrote (Feldera's habit: a
+    step's statistics are a value it returns): the run record's detail and the words the maintain
+    stage's progress line says after the tuples changed."""
 
-    name: str
+    detail: dict[str, int] = field(default_factory=dict)
+    said: str = ""
+
+
+@dataclass
+class Estimate:
+    """What the cost model knows of one view in one run: its shape (None: not one plain join, 004 §2),
+    the tables' rows (``sizes``), each changed table's rows (``changed``), the view's declared key, and
+    whether a change is one key-based maintenance must rematerialize for (003 §5.4)."""
+
+    program: Program
+    view: str
+    shape: reduce.Shape | None
+    changed: dict[str, float]
+    sizes: dict[str, int]
+    key: list[str] | None
+    rematerialize: bool
+
+    def fanout(self, atom, joined: set[str], partner: str | None) -> float:
+        """How a join into ``atom`` grows a relation whose variables ``joined`` are bound: not at all on a
+        key, else by the table's rows over its partner's (a foreign-key guess)."""
+        pred = self.program.predicates[atom.pred]
+        for key in pred.keys:
+            args = [atom.args[pred.columns.index(c)] for c in key]
+            if all(isinstance(x, Const) or (isinstance(x, Var) and x.name in joined) for x in args):
+                return 1.0
+        rows = max(1, self.sizes.get(atom.pred, 1))
+        return max(1.0, rows / max(1, self.sizes.get(partner, 1))) if partner else float(rows)
+
+    def chain(self, k: int, start: float) -> list[float]:
+        """Estimated sizes of the relations joined from reference k (004's order), starting at ``start``."""
+        s = self.shape
+        order = reduce.join_order(self.program, s, k)
+        out, joined, size = [start], set(s.atoms[k].variables()), start
+        for j in order[1:]:
+            atom = s.atoms[j]
+            partner = next((s.atoms[i].pred for i in order[:order.index(j)]
+                            if s.atoms[i].variables() & atom.variables()), None)
+            size *= self.fanout(atom, joined, partner)
+            joined |= atom.variables()
+            out.append(size)
+        return out
+
+    def changed_references(self) -> list[tuple[int, float]]:
+        """The references whose table changed, with the change's rows."""
+        return [(k, self.changed[a.pred]) for k, a in enumerate(self.shape.atoms) if self.changed.get(a.pred)]
+
+    @cached_property
+    def joined(self) -> float:
+        """The rows the changed tuples' join chains produce, over every changed reference."""
+        return sum(sum(self.chain(k, d)) for k, d in self.changed_references())
+
+    @cached_property
+    def full(self) -> float:
+        """A recompute: the join from the largest table, and its jobs (the joins' stages, the base layer's
+        write); without a shape, every table read."""
+        if self.shape is None:
+            return sum(self.sizes.values()) + 2 * JOB_ROWS
+        atoms = self.shape.atoms
+        first = max(range(len(atoms)), key=lambda i: self.sizes.get(atoms[i].pred, 0))
+        return sum(self.chain(first, float(max(self.sizes.get(a.pred, 1) for a in atoms)))) + 2 * JOB_ROWS
+
+
+class Strategy(ABC):
+    """One way to maintain a view incrementally, found by its name in `REGISTRY`."""
+
+    name: StrategyName
     #: how the strategy stores the view
     form: Form
-    #: the algorithm as a run's reason and ``ivm explain`` name it, for one view
-    describe: Callable[[Program, Strata, str, ViewConfig], str]
 
     @property
     def count_free(self) -> bool:
@@ -77,13 +159,314 @@ class Strategy:
     def __str__(self) -> str:
         return self.name
 
+    @abstractmethod
+    def applies(self, program: Program, strata: Strata, view: str) -> Candidate:
+        """Whether the strategy can maintain the view, and why (not)."""
 
-COUNTING = Strategy("counting", Form.COUNTS, _counting_algorithm)
-KEYED = Strategy("keyed", Form.PRESENCE, lambda *_: "key-based (003 §5.4)")
-REDUCE = Strategy("reduce", Form.PRESENCE,
-                  lambda _p, _s, _v, cfg: f"{cfg.reduce.algorithm} (004) with {cfg.reduce.multiple_updates}")
-REGISTRY: dict[str, Strategy] = {s.name: s for s in (COUNTING, KEYED, REDUCE)}
-STRATEGIES = tuple(REGISTRY)
+    @abstractmethod
+    def cost(self, e: Estimate) -> float | None:
+        """Estimated rows a run produces, plus `JOB_ROWS` per Spark job; None: not estimated."""
+
+    @abstractmethod
+    def describe(self, program: Program, strata: Strata, view: str, cfg: ViewConfig) -> str:
+        """The algorithm, as a run's reason and ``ivm explain`` name it, for one view."""
+
+    @abstractmethod
+    def explain(self, program: Program, strata: Strata, config: ProjectConfig, view: str) -> tuple[str, list[str]]:
+        """What ``ivm explain`` says: the algorithm's name and how it maintains the view, step by step."""
+
+    @abstractmethod
+    def maintain(self, counting: Counting, count_free: CountFree, view: str, cfg: ViewConfig,
+                 tables: list[str]) -> Outcome:
+        """The view's change in one run, written as its delta layer (and its stored relations' ones)."""
+
+
+class CountingStrategy(Strategy):
+    """The counting algorithm (000 §4-6), DRed (000 §7) for recursive components."""
+
+    name, form = StrategyName.COUNTING, Form.COUNTS
+
+    def applies(self, program: Program, strata: Strata, view: str) -> Candidate:
+        return Candidate(self.name, True, "000 Algorithm 4.1: every nonrecursive view, derivation counts stored")
+
+    def cost(self, e: Estimate) -> float:
+        # pays the whole join chain of the changed tuples (without a shape: the changed tuples through the
+        # view's rules)
+        return (sum(e.changed.values()) if e.shape is None else e.joined) + 2 * JOB_ROWS
+
+    def describe(self, program: Program, strata: Strata, view: str, cfg: ViewConfig) -> str:
+        recursive = [p for c in strata.recursive_among(view_predicates(program, strata, view)) for p in c.predicates
+                     if p in view_predicates(program, strata, view)]
+        if recursive:
+            return f"DRed (000 §7) for {', '.join(recursive)}, counting (000 §4-6) around it"
+        return "counting (000 §4-6)"
+
+    def explain(self, program: Program, strata: Strata, config: ProjectConfig, view: str) -> tuple[str, list[str]]:
+        preds = view_predicates(program, strata, view)
+        components = strata.recursive_among(preds)
+        reasons = []
+        for c in components:
+            reasons += [f"recursive component {', '.join(c.predicates)}: evaluated semi-naively to its fixpoint "
+                        "(set semantics, each round written and read back) and maintained by DRed (000 §7) in "
+                        "three steps: over-delete with the Δ⁻-rules over the old states, rederive the over-deleted "
+                        "tuples that keep a derivation in the new state (Δʳ-rules), insert with the Δ⁺-rules over "
+                        "the new states, each to a fixpoint (the rules below)"]
+        if len(components) < len(preds):
+            reasons.append(("around the recursion, " if components else "nonrecursive: ")
+                           + "maintained by the counting algorithm (000 Algorithm 4.1): the delta rules below, new "
+                           "states before the Δ subgoal and old ones after it; each stored tuple keeps its number of "
+                           "derivations in __count, so deletions need no rederivation")
+        sets = [p for p in preds if program.predicates[p].semantics == "set"]
+        if sets:
+            reasons.append(f"set semantics ({', '.join(sets)}): derivation counts are kept, but only changes of the "
+                           "set propagate upward (000 Algorithm 4.1 statement (2), §5.1)")
+        rules = [r for p in preds for r in program.rules_for(p)]
+        if any(isinstance(i, Literal) and i.negated for r in rules for i in r.body):
+            reasons.append("negation (NOT EXISTS, NOT IN, EXCEPT, outer-join padding): Δ(¬q) by 000 Definition "
+                           "6.1, anti-joins against Qᵛ before the Δ subgoal and Q after it (Lemma 6.1)")
+        for p in preds:
+            for name, _, g in groupby_subgoals(program, p):
+                reasons.append(f"aggregation ({g}): 000 Algorithm 6.1 with the stored state {name}:")
+                reasons += [f"  {describe(a)}" for a in g.aggregates]
+        for r in rules:
+            for item in (i for i in r.body if isinstance(i, SetOf)):
+                if program.predicates[item.atom.pred].role == ROLE:
+                    reasons.append(f"{item}: CReaM (001 Figure 1): the auxiliary view {item.atom.pred} keeps every "
+                                   "variable of φ, Δ1–Δ6 maintain it from φ⁺/φ⁻ alone, and the view counts its "
+                                   "derivations from v_a⁺/v_a⁻")
+                elif case1(program, r, item):
+                    reasons.append(f"{item}: 001 §3 Case 1: the view holds every outer variable, so it is its own "
+                                   "v_a; Δ1–Δ6 over its stored sets and φ's set changes")
+                elif set_changes_known(program, item):
+                    reasons.append(f"{item}: Δ1–Δ6 (001 §3) over {item.atom.pred}, which serves as v_a")
+                else:
+                    reasons.append(f"{item}: no auxiliary view (auxiliary_views: false): each touched group's set "
+                                   "is re-read from φ before and after the change (001 §3, Γ1–Γ6)")
+        algorithm = ("DRed" if len(components) == len(preds) else "DRed + counting") if components else "counting"
+        return algorithm, reasons
+
+    def maintain(self, counting: Counting, count_free: CountFree, view: str, cfg: ViewConfig,
+                 tables: list[str]) -> Outcome:
+        stats = counting.maintain_view(view)
+        return Outcome(stats.detail(), stats.describe())
+
+
+class _CountFreeStrategy(Strategy):
+    """A strategy that stores the view alone, each tuple once (003, 004), maintained from the tables'
+    set changes (ivm.maintain.count_free)."""
+
+    form = Form.PRESENCE
+
+    @staticmethod
+    def refused(program: Program, strata: Strata, view: str) -> str | None:
+        """Why no count-free strategy can maintain the view, or None."""
+        pred = program.predicates[view]
+        component = next(c for c in strata.components if view in c.predicates)
+        reads_views = sorted(u for u in strata.upstream(view) if program.predicates[u].kind == Kind.VIEW and u != view)
+        if component.recursive:
+            return "the view is recursive (DRed maintains it, 000 §7)"
+        if pred.semantics != "set":
+            return "the view is a bag (no DISTINCT): only counting keeps its multiplicities"
+        if reads_views:
+            return f"the view reads the view {reads_views[0]}; key-based and REDUCE read tables only"
+        return None
+
+    def maintain(self, counting: Counting, count_free: CountFree, view: str, cfg: ViewConfig,
+                 tables: list[str]) -> Outcome:
+        changed = [t for t in tables if count_free.set_change(t) is not None]
+        if not changed:
+            return Outcome(said="; the tables' changes leave their sets unchanged")
+        delta, detail, notes = self.change(count_free, view, cfg, changed, count_free.states.old(view))
+        count_free.write(view, delta)
+        return Outcome(detail, (f" ({', '.join(f'{k} {n}' for k, n in detail.items())})" if detail else "")
+                       + "".join(f"; {n}" for n in notes))
+
+    @abstractmethod
+    def change(self, count_free: CountFree, view: str, cfg: ViewConfig, changed: list[str],
+               old_view: DataFrame) -> tuple[DataFrame | None, dict[str, int], list[str]]:
+        """The view's change (±1 a tuple), what the run's record keeps of it, and what was done, in words."""
+
+
+class KeyedStrategy(_CountFreeStrategy):
+    """003's derived rules (ivm.maintain.keyed), or its rematerialization rule (§5.4)."""
+
+    name = StrategyName.KEYED
+
+    def applies(self, program: Program, strata: Strata, view: str) -> Candidate:
+        refused = self.refused(program, strata, view)
+        if refused is not None:
+            return Candidate(self.name, False, refused)
+        a = analyse(program, view)
+        structure = keyed.set_structure(program, view)
+        # subqueries and set-operator sides: joins of tables with conditions (a side may negate: it becomes
+        # part of its select expression)
+        own = [p for p, d in program.predicates.items() if d.kind == Kind.AUX and d.owner == view]
+        nested = [p for p in own if program.predicates[p].role not in ("exists", "in", "setop") or any(
+            not isinstance(i, Literal | Condition) or (isinstance(i, Literal) and i.negated
+                                                       and program.predicates[p].role != "setop")
+            for r in program.rules_for(p) for i in r.body)]
+        if not a.applicable:
+            return Candidate(self.name, False, a.reason)
+        if isinstance(structure, str):
+            return Candidate(self.name, False, structure)
+        if nested:
+            return Candidate(self.name, False,
+                             f"the auxiliary predicate {nested[0]} is not a join of tables with conditions")
+        rem = sorted({t for t, op, d, _ in a.table() if d is Decision.REMATERIALIZE})
+        return Candidate(self.name, True, "003's derived rules" + (
+            f"; rematerializes on unsafe operations of {', '.join(rem)}" if rem else "; every reference safe"))
+
+    def cost(self, e: Estimate) -> float:
+        # the whole join chain of the changed tuples, and a recompute when a changed table is unsafe for
+        # deletions (003 §5.4's rematerialization; the plan cannot know yet whether the deltas hold any)
+        if e.shape is None:
+            return sum(e.changed.values()) + 4 * JOB_ROWS
+        return e.joined + 3 * JOB_ROWS + (e.full if e.rematerialize else 0.0)
+
+    def describe(self, program: Program, strata: Strata, view: str, cfg: ViewConfig) -> str:
+        return "key-based (003 §5.4)"
+
+    def explain(self, program: Program, strata: Strata, config: ProjectConfig, view: str) -> tuple[str, list[str]]:
+        return "key-based (003)", [
+            "the view is stored without counts; each refresh computes the tuples leaving it from the deleted "
+            "tuples (other tables at their old state) and the tuples entering it from the inserted ones (new "
+            "state), deletes before inserts, inserts only of tuples not in the view (003 §5.4, §9)",
+            "NOT EXISTS: insertions into the subquery's tables delete, deletions insert (003 §7.2); UNION: a "
+            "tuple leaves only if no other select expression produces it, INTERSECT: enters only if all do "
+            "(003 §8)",
+            "an operation the analysis below marks rematerialize recomputes the view when a run's delta holds "
+            "it (the rematerialization rule); its difference from the stored view is the delta"]
+
+    def change(self, count_free: CountFree, view: str, cfg: ViewConfig, changed: list[str],
+               old_view: DataFrame) -> tuple[DataFrame | None, dict[str, int], list[str]]:
+        program = count_free.program
+        kb = keyed.KeyBased(program, view, lambda t: count_free.set_change(t) if t in changed else None, old_view,
+                            count_free.evaluator("old"), count_free.evaluator("new"))
+        unsafe = kb.unsafe({t: self._operations(count_free, t) for t in changed})
+        if unsafe:
+            # 003 §5.4's rematerialization rule: the view recomputed; its change against V is the delta
+            log.info("%s: rematerializing (003 §5.4): %s", view, "; ".join(unsafe))
+            columns = list(program.predicates[view].columns)
+            new = as_set(count_free.evaluator("new").relation(view), columns)
+            old = as_set(old_view, columns).withColumn(C, F.lit(-1).cast("long"))
+            return consolidate(new.unionByName(old)), {"rematerialized": 1}, [f"rematerialized: {'; '.join(unsafe)}"]
+        return kb.run(changed), {"rematerialized": 0}, []
+
+    @staticmethod
+    def _operations(count_free: CountFree, table: str) -> set[str]:
+        """Which operations a table's set change holds (one small job)."""
+        inserted, deleted = change_sizes(count_free.set_change(table))
+        return {op for op, n in (("insert", inserted), ("delete", deleted)) if n}
+
+
+class ReduceStrategy(_CountFreeStrategy):
+    """004's reducing algorithms (ivm.maintain.reduce)."""
+
+    name = StrategyName.REDUCE
+
+    def applies(self, program: Program, strata: Strata, view: str) -> Candidate:
+        refused = self.refused(program, strata, view)
+        if refused is not None:
+            return Candidate(self.name, False, refused)
+        s = reduce.shape(program, view)
+        return Candidate(self.name, not isinstance(s, str), s if isinstance(s, str) else
+                         "004: one projection–selection–join of tables under set semantics")
+
+    def cost(self, e: Estimate) -> float | None:
+        if e.shape is None:
+            return None
+        s = e.shape
+        head = set(s.head_vars)
+        cols = e.program.predicates[e.view].columns
+        key_vars = {a.name for a, c in zip(s.rule.head.args, cols, strict=True)
+                    if isinstance(a, Var) and c in (e.key or [])}
+        total = 0.0
+        for k, d in e.changed_references():
+            atom, chain, order = s.atoms[k], e.chain(k, d), reduce.join_order(e.program, s, k)
+            # deletions' existing chain until a Theorem 3 step: V_E^1 is the unchanged tuples agreeing with
+            # the changed ones on Y_1, about one each, all of R_1 when the reference contributes no view
+            # column (Y_1 = ∅)
+            existing, joined = 0.0, set()
+            siblings = 0.0 if reduce.key_in_view(e.program, atom, head) else \
+                d / 2 if atom.variables() & head else float(e.sizes.get(atom.pred, 1))
+            size = siblings
+            for n, j in enumerate(order):
+                joined |= s.atoms[j].variables()
+                if n and reduce.key_in_view(e.program, s.atoms[j], head):
+                    size = 0.0
+                existing += size
+                if n + 1 < len(order):
+                    size *= e.fanout(s.atoms[order[n + 1]], joined, atom.pred)
+            # (REDUCE and REDUCE+ build no existing relation for insertions: their targets are looked up in V)
+            ins = sum(chain) / 2 + d / 2
+            # deletions: Theorem 3 at R_1 reads V; Theorem 4 stops where Y_i holds the view's key
+            if reduce.key_in_view(e.program, atom, head):
+                dele = d / 2
+            else:
+                stop, joined = len(order), set()
+                for n, j in enumerate(order):
+                    joined |= s.atoms[j].variables()
+                    if key_vars and key_vars <= joined & head and not s.conditions:
+                        stop = n + 1
+                        break
+                dele = sum(chain[:stop]) / 2 + existing
+            # jobs: both kinds' relations are one plan (ivm.maintain.reduce._Update): per step a join and an
+            # aggregate, and V_E^1's lookup and V's for the targets
+            total += ins + dele + (2 + 2 * len(order)) * JOB_ROWS
+        return total
+
+    def describe(self, program: Program, strata: Strata, view: str, cfg: ViewConfig) -> str:
+        return f"{cfg.reduce.algorithm} (004) with {cfg.reduce.multiple_updates}"
+
+    def explain(self, program: Program, strata: Strata, config: ProjectConfig, view: str) -> tuple[str, list[str]]:
+        cfg = config.views[view].reduce
+        s = reduce.shape(program, view)
+        head = set(s.head_vars) if not isinstance(s, str) else set()
+        keyed_refs = [a.pred for a in s.atoms if reduce.key_in_view(program, a, head)] if not isinstance(s, str) else []
+        out = [f"{cfg.algorithm} (004 Algorithm {cfg.algorithm.number}) with {cfg.multiple_updates} (Algorithm "
+               f"{cfg.multiple_updates.number}): per changed table, the candidate relation V_C^i (what the changed "
+               "tuples derive) and the existing relation V_E^i (what the unchanged tuples agreeing with them on the "
+               "view's columns derive) are joined table by table; the target V_T leaves (deletion) or enters "
+               "(insertion, §5) the view, stored without counts",
+               "both kinds' relations are one relation with a count per side and the steps one Spark plan: each "
+               "step joins the next table once for all of them; a candidate relation found empty empties the rest "
+               "of the plan (Spark's adaptive execution)",
+               "insertions build no existing relation: their targets are the candidates' view tuples not in V (§5)",
+               "RIC is skipped at a step with no existing relation left to compare with (§7: a reduction that "
+               "cannot pay)"]
+        if not isinstance(s, str):
+            out.append("join order per changed table (004 §4, §7: a table whose key the view holds first, Theorem 3; "
+                       "then the most view columns): " + "; ".join(
+                           " → ".join(s.atoms[j].pred for j in reduce.join_order(program, s, k))
+                           for k in range(len(s.atoms))))
+        if keyed_refs and cfg.algorithm.reduces_both:
+            out.append(f"Theorem 3: the view holds a key of {', '.join(keyed_refs)}: no existing relation past that "
+                       "step; a deletion from it is looked up in the view")
+        if config.views[view].key and cfg.algorithm.reduces_both:
+            out.append(f"Theorem 4: once Y_i holds the view's key ({', '.join(config.views[view].key)}) and no "
+                       "selection is left, a deletion's targets are read from the view and an insertion builds no "
+                       "further existing relation")
+        return f"REDUCE family (004): {cfg.algorithm}, {cfg.multiple_updates}", out
+
+    def change(self, count_free: CountFree, view: str, cfg: ViewConfig, changed: list[str],
+               old_view: DataFrame) -> tuple[DataFrame | None, dict[str, int], list[str]]:
+        """Over the tables' layers as they are: each step settles what it joined, so no table is
+        consolidated first (a shuffle of all of it)."""
+        s = reduce.shape(count_free.program, view)
+        assert not isinstance(s, str), s
+        r = reduce.Reducer(count_free.program, s, cfg.reduce.algorithm, cfg.reduce.multiple_updates, cfg.key,
+                           count_free.counting.joined, lambda t: count_free.set_change(t) if t in changed else None,
+                           old_view, count_free.states.scratch, count_free.evaluator("old"),
+                           count_free.states.broadcastable)
+        delta = r.run()
+        # (the relations' sizes are not counted: a job each; the run's rows written are its delta's)
+        detail = {"join steps": sum(len(t.steps) for t in r.traces), "relations written": r.writes}
+        return delta, detail, [f"{t.table} {t.kind}: {t.shortcut}" for t in r.traces if t.shortcut]
+
+
+COUNTING, KEYED, REDUCE = CountingStrategy(), KeyedStrategy(), ReduceStrategy()
+#: every strategy, in the order the cost model prefers one on a tie
+REGISTRY: dict[StrategyName, Strategy] = {s.name: s for s in (COUNTING, KEYED, REDUCE)}
 
 
 def lookup(name: str) -> Strategy:
@@ -93,8 +476,8 @@ def lookup(name: str) -> Strategy:
     <Form.PRESENCE: 'presence'>
     """
     try:
-        return REGISTRY[name]
-    except KeyError:
+        return REGISTRY[StrategyName(name)]
+    except ValueError:
         raise ConfigError(f"unknown strategy {name!r}; use one of {', '.join(REGISTRY)}") from None
 
 
@@ -103,143 +486,9 @@ def stored_form(strategy: str) -> Form:
     return lookup(strategy).form
 
 
-@dataclass
-class Candidate:
-    strategy: str
-    applicable: bool
-    why: str
-    cost: float | None = None
-
-
-@dataclass
-class Choice:
-    view: str
-    strategy: str
-    reason: str
-    candidates: list[Candidate] = field(default_factory=list)
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-
 def applicability(program: Program, strata: Strata, view: str) -> list[Candidate]:
     """Which strategies can maintain the view, and why not where they cannot."""
-    out = [Candidate(COUNTING.name, True, "000 Algorithm 4.1: every nonrecursive view, derivation counts stored")]
-    pred = program.predicates[view]
-    component = next(c for c in strata.components if view in c.predicates)
-    reads_views = sorted(u for u in strata.upstream(view) if program.predicates[u].kind == Kind.VIEW and u != view)
-    own = [p for p, d in program.predicates.items() if d.kind == Kind.AUX and d.owner == view]
-    base = None
-    if component.recursive:
-        base = "the view is recursive (DRed maintains it, 000 §7)"
-    elif pred.semantics != "set":
-        base = "the view is a bag (no DISTINCT): only counting keeps its multiplicities"
-    elif reads_views:
-        base = f"the view reads the view {reads_views[0]}; key-based and REDUCE read tables only"
-    if base is not None:
-        return out + [Candidate(KEYED.name, False, base), Candidate(REDUCE.name, False, base)]
-    a = analyse(program, view)
-    structure = keyed.set_structure(program, view)
-    # subqueries and set-operator sides: joins of tables with conditions (a side may negate: it becomes
-    # part of its select expression)
-    nested = [p for p in own if program.predicates[p].role not in ("exists", "in", "setop") or any(
-        not isinstance(i, Literal | Condition) or (isinstance(i, Literal) and i.negated
-                                                   and program.predicates[p].role != "setop")
-        for r in program.rules_for(p) for i in r.body)]
-    if not a.applicable:
-        out.append(Candidate(KEYED.name, False, a.reason))
-    elif isinstance(structure, str):
-        out.append(Candidate(KEYED.name, False, structure))
-    elif nested:
-        out.append(Candidate(KEYED.name, False,
-                             f"the auxiliary predicate {nested[0]} is not a join of tables with conditions"))
-    else:
-        rem = sorted({t for t, op, d, _ in a.table() if d is Decision.REMATERIALIZE})
-        out.append(Candidate(KEYED.name, True, "003's derived rules" + (
-            f"; rematerializes on unsafe operations of {', '.join(rem)}" if rem else "; every reference safe")))
-    s = reduce.shape(program, view)
-    out.append(Candidate(REDUCE.name, not isinstance(s, str), s if isinstance(s, str) else
-                         "004: one projection–selection–join of tables under set semantics"))
-    return out
-
-
-def _fanout(program: Program, atom, joined: set[str], sizes: dict[str, int], partner: str | None) -> float:
-    pred = program.predicates[atom.pred]
-    for key in pred.keys:
-        args = [atom.args[pred.columns.index(c)] for c in key]
-        if all(isinstance(x, Const) or (isinstance(x, Var) and x.name in joined) for x in args):
-            return 1.0
-    rows = max(1, sizes.get(atom.pred, 1))
-    return max(1.0, rows / max(1, sizes.get(partner, 1))) if partner else float(rows)
-
-
-def _chain(program: Program, s: reduce.Shape, k: int, start: float, sizes: dict[str, int]) -> list[float]:
-    """Estimated sizes of the relations joined from reference k (004's order), starting at ``start``."""
-    order = reduce.join_order(s, k)
-    out, joined, size = [start], set(s.atoms[k].variables()), start
-    for j in order[1:]:
-        atom = s.atoms[j]
-        partner = next((s.atoms[i].pred for i in order[:order.index(j)] if s.atoms[i].variables() & atom.variables()),
-                       None)
-        size *= _fanout(program, atom, joined, sizes, partner)
-        joined |= atom.variables()
-        out.append(size)
-    return out
-
-
-def _costs(program: Program, view: str, s: reduce.Shape | None, changed: dict[str, float], sizes: dict[str, int],
-           key: list[str] | None, rematerialize: bool) -> dict[str, float]:
-    if s is None:  # not a plain join: every strategy pays the changed tuples through the view's rules
-        d = sum(changed.values())
-        return {COUNTING.name: d + 2 * JOB_ROWS, KEYED.name: d + 4 * JOB_ROWS}
-    head = set(s.head_vars)
-    cols = program.predicates[view].columns
-    key_vars = {a.name for a, c in zip(s.rule.head.args, cols, strict=True) if isinstance(a, Var) and c in (key or [])}
-    counting = keyed_cost = reduce_cost = 0.0
-    for k, atom in enumerate(s.atoms):
-        d = changed.get(atom.pred, 0.0)
-        if not d:
-            continue
-        chain = _chain(program, s, k, d, sizes)
-        counting += sum(chain)
-        keyed_cost += sum(chain)
-        order = reduce.join_order(s, k)
-        # deletions' existing chain until a Theorem 3 step: V_E^1 is the unchanged tuples agreeing with the
-        # changed ones on Y_1, about one each, all of R_1 when the reference contributes no view column
-        # (Y_1 = ∅)
-        existing, joined = 0.0, set()
-        siblings = 0.0 if reduce.key_in_view(program, atom, head) else \
-            d / 2 if atom.variables() & head else float(sizes.get(atom.pred, 1))
-        e = siblings
-        for n, j in enumerate(order):
-            joined |= s.atoms[j].variables()
-            if n and reduce.key_in_view(program, s.atoms[j], head):
-                e = 0.0
-            existing += e
-            if n + 1 < len(order):
-                e *= _fanout(program, s.atoms[order[n + 1]], joined, sizes, atom.pred)
-        # (REDUCE and REDUCE+ build no existing relation for insertions: their targets are looked up in V)
-        ins = sum(chain) / 2 + d / 2
-        # deletions: Theorem 3 at R_1 reads V; Theorem 4 stops where Y_i holds the view's key
-        if reduce.key_in_view(program, atom, head):
-            dele = d / 2
-        else:
-            stop, joined = len(order), set()
-            for n, j in enumerate(order):
-                joined |= s.atoms[j].variables()
-                if key_vars and key_vars <= joined & head and not s.conditions:
-                    stop = n + 1
-                    break
-            dele = sum(chain[:stop]) / 2 + existing
-        # jobs: both kinds' relations are one plan (ivm.maintain.reduce._Update): per step a join and an
-        # aggregate, and V_E^1's lookup and V's for the targets
-        reduce_cost += ins + dele + (2 + 2 * len(order)) * JOB_ROWS
-    # a recompute: the join from the largest table, and its jobs (the joins' stages, the base layer's write)
-    full = sum(_chain(program, s, max(range(len(s.atoms)), key=lambda i: sizes.get(s.atoms[i].pred, 0)),
-                      float(max(sizes.get(a.pred, 1) for a in s.atoms)), sizes)) + 2 * JOB_ROWS
-    return {COUNTING.name: counting + 2 * JOB_ROWS,
-            KEYED.name: keyed_cost + 3 * JOB_ROWS + (full if rematerialize else 0.0),
-            REDUCE.name: reduce_cost, "full": full}
+    return [s.applies(program, strata, view) for s in REGISTRY.values()]
 
 
 def choose(program: Program, strata: Strata, view: str, forced: str | None, key: list[str] | None,
@@ -254,14 +503,14 @@ def choose(program: Program, strata: Strata, view: str, forced: str | None, key:
         s = reduce.shape(program, view)
         rem = any(d is Decision.REMATERIALIZE and op == "delete" and changed.get(t) for t, op, d, _ in
                   analyse(program, view).table())
-        costs = _costs(program, view, None if isinstance(s, str) else s, changed, sizes, key, rem)
-        full = costs.get("full", sum(sizes.values()) + 2 * JOB_ROWS)
+        e = Estimate(program, view, None if isinstance(s, str) else s, changed, sizes, key, rem)
         for c in cands:
-            if c.applicable and c.strategy in costs:
-                switch = full if current is not None and stored_form(c.strategy) != current else 0.0
-                c.cost = round(costs[c.strategy] + switch)
+            cost = REGISTRY[c.strategy].cost(e) if c.applicable else None
+            if cost is not None:
+                switch = e.full if current is not None and REGISTRY[c.strategy].form != current else 0.0
+                c.cost = round(cost + switch)
     if forced is not None:
-        return Choice(view, forced, "forced by the view's strategy option", cands)
+        return Choice(view, StrategyName(forced), "forced by the view's strategy option", cands)
     if usable == {COUNTING.name}:
         return Choice(view, COUNTING.name, "the only applicable strategy", cands)
     if any(d.kind == Kind.AUX and d.owner == view for d in program.predicates.values()):
@@ -270,7 +519,8 @@ def choose(program: Program, strata: Strata, view: str, forced: str | None, key:
         return Choice(view, COUNTING.name, "the view has auxiliary predicates (subqueries, set operators), which "
                                            "counting stores: key-based maintenance runs when `strategy: keyed` "
                                            "is set", cands)
-    best = min((c for c in cands if c.cost is not None), key=lambda c: (c.cost, STRATEGIES.index(c.strategy)))
+    order = list(REGISTRY)
+    best = min((c for c in cands if c.cost is not None), key=lambda c: (c.cost, order.index(c.strategy)))
     detail = ", ".join(f"{c.strategy} {c.cost:,.0f}" for c in cands if c.cost is not None)
     return Choice(view, best.strategy, f"lowest estimated cost (rows + {JOB_ROWS:,} per Spark job, a change of "
                                        f"stored form counted as a recompute): {detail}", cands)

@@ -201,7 +201,7 @@ class Maintenance:
         work.choice = {**work.choice, "crossover": estimate.as_dict()}
 
     def maintain(self, work: ViewWork, progress: Progress) -> None:
-        """One view: the counting algorithm (DRed inside it for recursive components) or a full recompute."""
+        """One view: its strategy's maintenance (ivm.maintain.strategy) or a full recompute."""
         ctx, full = self.ctx, self.full
         states, counting, count_free = ((self.states, self.counting, self.count_free) if work.catch_up is None
                                         else self.behind(work.view, work.catch_up))
@@ -219,23 +219,14 @@ class Maintenance:
             progress(f"maintain: {work.view}: nothing to do, {work.reason}")
             return
         strategy = lookup(work.strategy)
-        if work.mode is Mode.INCREMENTAL and strategy.count_free:
-            outcome = count_free.maintain(work.view, strategy, ctx.config.views[work.view], work.upstream)
-            delta = states.put_delta(work.view, outcome.delta) if outcome.delta is not None else None
-            if delta is not None:  # a set change already: the views above use it as it is
-                counting.used_delta[work.view] = delta
+        if work.mode is Mode.INCREMENTAL:
+            cfg = ctx.config.views[work.view]
+            outcome = strategy.maintain(counting, count_free, work.view, cfg, work.upstream)
             own = self.written.get(work.view)
             work.rows_changed = work.rows = own.rows if own else 0
             work.detail = dict(outcome.detail)
-            how = f"{work.reason.split(':')[0]}, {work.rows_changed} tuples changed" + (
-                f" ({', '.join(f'{k} {n}' for k, n in outcome.detail.items())})" if outcome.detail else "")
-            how += "".join(f"; {n}" for n in outcome.notes)
-        elif work.mode is Mode.INCREMENTAL:
-            stats = counting.maintain_view(work.view)
-            own = self.written.get(work.view)
-            work.rows_changed = work.rows = own.rows if own else 0
-            work.detail = stats.detail()
-            how = f"{work.reason.split(':')[0]}, {work.rows_changed} tuples changed{stats.describe()}"
+            how = (f"{strategy.describe(program, strata, work.view, cfg)}, {work.rows_changed} tuples changed"
+                   f"{outcome.said}")
         else:
             own = set(view_predicates(program, strata, work.view))  # a recursive view is upstream of itself
             for name in strata.upstream(work.view) - set(full.relations) - own:

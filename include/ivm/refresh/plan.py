@@ -20,10 +20,11 @@ from ivm.changes import cancel, delta
 from ivm.context import RunContext
 from ivm.errors import ConfigError, NotFoundError, RunError
 from ivm.lang import compile_project
+from ivm.maintain.counting import view_predicates
 from ivm.maintain.crossover import Estimate
 from ivm.maintain.crossover import estimate as crossover_estimate
 from ivm.maintain.dred import RuleChange, rule_change
-from ivm.maintain.strategy import COUNTING, Choice, choose, lookup, stored_form
+from ivm.maintain.strategy import Choice, choose, lookup, stored_form
 from ivm.modes import Mode
 from ivm.refresh.record import CatchUp, Plan, Replay, TableDelta, ViewWork, layer_json
 from ivm.vocabulary import Kind, RunStatus, StageName
@@ -260,7 +261,7 @@ def _plan_views(ctx: RunContext, p: Plan, wanted: list[str] | None, mode: Mode,
             f"{choice.strategy} stores the view as {form}, its state holds {state.form} ({choice.reason})",
             crossover=estimate)
         found = recompute_reason(facts)
-        recursive = COUNTING.describe(program, strata, view, cfg).startswith("DRed")
+        recursive = bool(strata.recursive_among(view_predicates(program, strata, view)))
         # (DRed follows a rule change from the view's published state only: one that also fell behind is
         # recomputed, as the definition changed)
         change = (_rule_change(ctx, view, d) if found and found[0] is DEFINITION_CHANGED and recursive and not missed

@@ -28,6 +28,7 @@ from ivm.refresh.record import RefreshResult
 from ivm.refresh.trim import trim_stage
 from ivm.refresh.validation import checked, validate_stage
 from ivm.spark import run_tag, tagged
+from ivm.vocabulary import RunStatus, StageName
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,7 @@ class StageArgs:
 
 @dataclass(frozen=True)
 class Stage:
+    #: a `StageName`'s value: a plain string, as the DAG's task ids and the stage command's argument are
     name: str
     run: Callable[[RunContext, StageArgs, Progress], object]
     #: Spark does the stage's work: the process starts Spark before it. The other stages read and write
@@ -97,7 +99,7 @@ def _validate_idle(ctx: RunContext, run_id: str) -> str | None:
 
 def _report(ctx: RunContext, a: StageArgs, say: Progress) -> RefreshResult:
     result = publish.report(ctx, a.run_id)
-    if result.status == "noop":
+    if result.status == RunStatus.NOOP:
         say(f"run {a.run_id} noop: no table has changes past its watermark and every view is current; nothing "
             "was refreshed")
     else:
@@ -108,21 +110,21 @@ def _report(ctx: RunContext, a: StageArgs, say: Progress) -> RefreshResult:
 
 #: a run's stages, in order (docs/design.md §6)
 STAGES: tuple[Stage, ...] = (
-    Stage("plan", _plan, spark=False, catalog_only=True),
-    Stage("trim", lambda ctx, a, say: trim_stage(ctx, a.run_id, say), spark=True, idle=_trim_idle,
-          consumes=True),
-    Stage("maintain", lambda ctx, a, say: maintain_stage(ctx, a.run_id, list(a.views) or None, say), spark=True,
-          per_view=True),
-    Stage("validate", lambda ctx, a, say: validate_stage(ctx, a.run_id, say, a.sample), spark=True,
+    Stage(StageName.PLAN.value, _plan, spark=False, catalog_only=True),
+    Stage(StageName.TRIM.value, lambda ctx, a, say: trim_stage(ctx, a.run_id, say), spark=True,
+          idle=_trim_idle, consumes=True),
+    Stage(StageName.MAINTAIN.value, lambda ctx, a, say: maintain_stage(ctx, a.run_id, list(a.views) or None, say),
+          spark=True, per_view=True),
+    Stage(StageName.VALIDATE.value, lambda ctx, a, say: validate_stage(ctx, a.run_id, say, a.sample), spark=True,
           idle=_validate_idle),
-    Stage("publish", lambda ctx, a, say: publish.publish_stage(ctx, a.run_id, say), spark=False, commit=True,
-          catalog_only=True),
+    Stage(StageName.PUBLISH.value, lambda ctx, a, say: publish.publish_stage(ctx, a.run_id, say), spark=False,
+          commit=True, catalog_only=True),
     # (Spark starts only when a view is written: `storage.delta_views` off, the stage does nothing)
-    Stage("sink", lambda ctx, a, say: publish.sink_stage(ctx, a.run_id, say), spark=False, readable=True,
-          idle=publish.sink_idle, without_jvm=publish.sink_without_jvm),
-    Stage("compact", lambda ctx, a, say: publish.compact_stage(ctx, a.run_id, say), spark=False,
+    Stage(StageName.SINK.value, lambda ctx, a, say: publish.sink_stage(ctx, a.run_id, say), spark=False,
+          readable=True, idle=publish.sink_idle, without_jvm=publish.sink_without_jvm),
+    Stage(StageName.COMPACT.value, lambda ctx, a, say: publish.compact_stage(ctx, a.run_id, say), spark=False,
           idle=publish.compact_idle),
-    Stage("report", _report, spark=False, in_process=False, catalog_only=True),
+    Stage(StageName.REPORT.value, _report, spark=False, in_process=False, catalog_only=True),
 )
 STAGE_NAMES = tuple(s.name for s in STAGES)
 
