@@ -5,8 +5,9 @@ protocol `ivm.maintain.counting.Counting` implements, so those modules need not 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Protocol
 
 from pyspark.sql import DataFrame
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
     from ivm.maintain.stats import MaintainStats
 
 
-@dataclass
+@dataclasses.dataclass
 class RunStates:
     """Relations as one refresh sees them: the published layers (the old state), and what this run
     wrote: a delta layer (Pᵛ = P ⊎ Δ(P)) or, for a full recompute, a new base layer."""
@@ -92,6 +93,23 @@ class RunStates:
     def note(self, name: str, path: str, size: int, rows: int) -> None:
         """A delta layer of ``name`` this run reads: a table's net delta, a view's from an earlier stage."""
         self.delta_paths[name], self.delta_bytes[name], self.delta_rows[name] = path, size, rows
+
+    def behind(self, at: dict[str, tuple[list[str], int | None]],
+               since: dict[str, tuple[str, int, int]]) -> RunStates:
+        """The run's states as a view that fell behind reads them (a catch-up, `ivm.refresh.maintenance`): each
+        relation of ``at`` at the layers it names there (their paths and rows), its change since as its
+        delta where ``since`` has one (a written layer's path, bytes and rows), the others as the run has
+        them. A new value: the run's own states stay as they are."""
+        def kept(held: dict) -> dict:
+            return {name: x for name, x in held.items() if name not in at}
+
+        return dataclasses.replace(
+            self, old_paths={**self.old_paths, **{r: paths for r, (paths, _) in at.items()}},
+            old_rows={**self.old_rows, **{r: rows for r, (_, rows) in at.items()}},
+            delta_paths=kept(self.delta_paths) | {r: x[0] for r, x in since.items()},
+            delta_bytes=kept(self.delta_bytes) | {r: x[1] for r, x in since.items()},
+            delta_rows=kept(self.delta_rows) | {r: x[2] for r, x in since.items()},
+            replaced=kept(self.replaced))
 
     def put_delta(self, name: str, df: DataFrame) -> DataFrame | None:
         """Write Δ(name) as a delta layer and read it back (a materialized, reusable plan)."""

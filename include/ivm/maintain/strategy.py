@@ -257,9 +257,20 @@ class _CountFreeStrategy(Strategy):
 
     form = Form.PRESENCE
 
+    def applies(self, program: Program, strata: Strata, view: str) -> Candidate:
+        refused = self.refused(program, strata, view)
+        if refused is not None:
+            return Candidate(self.name, False, refused)
+        applicable, why = self.fits(program, view)
+        return Candidate(self.name, applicable, why)
+
+    @abstractmethod
+    def fits(self, program: Program, view: str) -> tuple[bool, str]:
+        """Whether the strategy maintains a set view of tables, and why (not)."""
+
     @staticmethod
     def refused(program: Program, strata: Strata, view: str) -> str | None:
-        """Why no count-free strategy can maintain the view, or None."""
+        """Why no count-free strategy can maintain the view (recursive, a bag, reading views), or None."""
         pred = program.predicates[view]
         component = next(c for c in strata.components if view in c.predicates)
         reads_views = sorted(u for u in strata.upstream(view) if program.predicates[u].kind == Kind.VIEW and u != view)
@@ -292,10 +303,7 @@ class KeyedStrategy(_CountFreeStrategy):
 
     name = StrategyName.KEYED
 
-    def applies(self, program: Program, strata: Strata, view: str) -> Candidate:
-        refused = self.refused(program, strata, view)
-        if refused is not None:
-            return Candidate(self.name, False, refused)
+    def fits(self, program: Program, view: str) -> tuple[bool, str]:
         a = analyse(program, view)
         structure = keyed.set_structure(program, view)
         # subqueries and set-operator sides: joins of tables with conditions (a side may negate: it becomes
@@ -306,15 +314,14 @@ class KeyedStrategy(_CountFreeStrategy):
                                                        and program.predicates[p].role != "setop")
             for r in program.rules_for(p) for i in r.body)]
         if not a.applicable:
-            return Candidate(self.name, False, a.reason)
+            return False, a.reason
         if isinstance(structure, str):
-            return Candidate(self.name, False, structure)
+            return False, structure
         if nested:
-            return Candidate(self.name, False,
-                             f"the auxiliary predicate {nested[0]} is not a join of tables with conditions")
+            return False, f"the auxiliary predicate {nested[0]} is not a join of tables with conditions"
         rem = sorted({t for t, op, d, _ in a.table() if d is Decision.REMATERIALIZE})
-        return Candidate(self.name, True, "003's derived rules" + (
-            f"; rematerializes on unsafe operations of {', '.join(rem)}" if rem else "; every reference safe"))
+        return True, "003's derived rules" + (
+            f"; rematerializes on unsafe operations of {', '.join(rem)}" if rem else "; every reference safe")
 
     def cost(self, e: Estimate) -> float:
         # the whole join chain of the changed tuples, and a recompute when a changed table is unsafe for
@@ -364,13 +371,10 @@ class ReduceStrategy(_CountFreeStrategy):
 
     name = StrategyName.REDUCE
 
-    def applies(self, program: Program, strata: Strata, view: str) -> Candidate:
-        refused = self.refused(program, strata, view)
-        if refused is not None:
-            return Candidate(self.name, False, refused)
+    def fits(self, program: Program, view: str) -> tuple[bool, str]:
         s = reduce.shape(program, view)
-        return Candidate(self.name, not isinstance(s, str), s if isinstance(s, str) else
-                         "004: one projection–selection–join of tables under set semantics")
+        return not isinstance(s, str), s if isinstance(s, str) else \
+            "004: one projection–selection–join of tables under set semantics"
 
     def cost(self, e: Estimate) -> float | None:
         if e.shape is None:

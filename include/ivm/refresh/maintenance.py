@@ -5,7 +5,6 @@ as the plan decided (ivm.refresh.plan). Each view's new layers are staged in the
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable
 
@@ -142,32 +141,28 @@ class Maintenance:
         from and their changes, whichever run applied them."""
         ctx, main = self.ctx, self.states
         program, strata = ctx.program
-        states = dataclasses.replace(main, old_paths=dict(main.old_paths), old_rows=dict(main.old_rows),
-                                     delta_paths=dict(main.delta_paths), delta_bytes=dict(main.delta_bytes),
-                                     delta_rows=dict(main.delta_rows), replaced=dict(main.replaced))
+        at: dict[str, tuple[list[str], int | None]] = {}
+        since: dict[str, tuple[str, int, int]] = {}
         for r, refs in catch_up.layers.items():
-            at, paths = {x["id"] for x in refs}, [x["path"] for x in refs]
+            ids, paths = {x["id"] for x in refs}, [x["path"] for x in refs]
             published = self.old.get(r, [])
-            since = [x.path for x in published if x.id not in at]
             source = delta.parse_layer_path(paths[0]) if len(paths) == 1 else None
             net = None
             if source is not None:  # a Delta source: its feed since the view's pointer, 002 §3's trim of a log
                 net = self._feed_since(r, source, main)
                 change = net.delta
-            elif r in main.replaced or not at <= {x.id for x in published}:
+            elif r in main.replaced or not ids <= {x.id for x in published}:
                 change = difference(main.new(r), main.read(r, paths))
             else:
-                change = consolidate(main.read(r, since + ([main.delta_paths[r]] if r in main.delta_paths else [])))
+                later = [x.path for x in published if x.id not in ids]
+                change = consolidate(main.read(r, later + ([main.delta_paths[r]] if r in main.delta_paths else [])))
             path, rows, size = main.scratch.put(f"{r}__since_{view}", change)
             if net is not None:
                 net.check()  # (a bad change refuses the run: nothing is published)
-            states.old_paths[r] = paths
-            states.old_rows[r] = None if any(x.get("rows") is None for x in refs) else sum(x["rows"] for x in refs)
-            states.replaced.pop(r, None)
-            for held in (states.delta_paths, states.delta_bytes, states.delta_rows):
-                held.pop(r, None)
+            at[r] = paths, None if any(x.get("rows") is None for x in refs) else sum(x["rows"] for x in refs)
             if rows:
-                states.note(r, path, size, rows)
+                since[r] = path, size, rows
+        states = main.behind(at, since)
         counting = Counting(program, strata, states, ctx.groupby_states, ctx.schema, ctx.max_iterations)
         counting.updated_keys = {t: n for t, n in self.counting.updated_keys.items() if t not in catch_up.layers}
         for name in sorted(set(states.delta_paths) & strata.upstream(view)):
