@@ -174,6 +174,13 @@ SQL_VIEWS = {
     # that can be NULL (SQL's NOT IN then holds for no row)
     "v_in_grouped": "SELECT a, b FROM r WHERE b IN (SELECT b FROM s GROUP BY b HAVING sum(c) > 2)",
     "v_not_in_grouped": "SELECT a FROM r WHERE a NOT IN (SELECT max(c) FROM s GROUP BY b)",
+    # [NOT] EXISTS over GROUP BY / HAVING (ivm.lang.grouped_in, #71): correlated on the grouping column, with
+    # a filter before the grouping; and uncorrelated (true while any group passes)
+    "v_exists_grouped": "SELECT a, b FROM r WHERE EXISTS (SELECT 1 FROM s WHERE s.b = r.b AND s.c > 0 "
+                        "GROUP BY s.b HAVING count(*) > 1)",
+    "v_not_exists_grouped": "SELECT a FROM r WHERE NOT EXISTS (SELECT 1 FROM s WHERE r.b = s.b GROUP BY s.b "
+                            "HAVING sum(c) > 2)",
+    "v_exists_any_group": "SELECT a FROM r WHERE EXISTS (SELECT 1 FROM s GROUP BY b HAVING sum(c) > 3)",
     # scalar subqueries (ivm.lang.scalar_subqueries): correlated by equality or not, a count over no rows (0,
     # not NULL: the COUNT bug), a MAX in the SELECT list, an uncorrelated AVG; and in a GROUP BY query: inside
     # an aggregate's argument, read after the aggregation in SELECT and in HAVING

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import timedelta
 from functools import cached_property
+from typing import Protocol
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
@@ -16,28 +17,42 @@ from ivm.aggregates import register as register_aggregates
 from ivm.catalog import Catalog
 from ivm.changes import delta
 from ivm.changes.reader import table_schema
-from ivm.config import COUNT_COLUMN, ProjectConfig
+from ivm.config import ProjectConfig
 from ivm.errors import NotFoundError
 from ivm.ir import Program
 from ivm.lang import compile_project
-from ivm.maintain import counting, strategy
-from ivm.maintain.groupby import GroupByState
-from ivm.maintain.recompute import Evaluator, as_used
 from ivm.server import project_session
 from ivm.spark import quiet_query_context
 from ivm.storage import Warehouse
 from ivm.stratify import Strata, stratify
 from ivm.vocabulary import Kind
-from ivm.zset import expand
+from ivm.zset import as_used, expand
+
+
+class Relations(Protocol):
+    """What the views store and the types of every relation they derive (`ivm.maintain.relations`)."""
+
+    #: the state relation of every GROUPBY subgoal (000 Algorithm 6.1), by name
+    groupby_states: dict
+
+    def stored_relations(self, view: str) -> list[str]:
+        """Everything maintaining ``view`` stores."""
+
+    def schema(self, relation: str) -> StructType | None:
+        """A view's, an auxiliary predicate's or a stored state's columns and types; None: no such relation."""
 
 
 class RunContext:
     """A project file, its catalog and its warehouse, and what is derived from them once: Spark
-    (started on first use), the compiled program and strata, every stored relation's schema."""
+    (started on first use), the compiled program and strata, every relation's schema (a table's from the
+    project file, a derived one's from the `Relations` service the context is given)."""
 
-    def __init__(self, config: ProjectConfig, catalog: Catalog | None = None,
-                 start_spark: Callable[[], SparkSession] | None = None):
+    def __init__(self, config: ProjectConfig, relations: Callable[[RunContext], Relations],
+                 catalog: Catalog | None = None, start_spark: Callable[[], SparkSession] | None = None):
+        """``relations``: what the views store and its types, worked out from this context (the maintenance
+        layer's `ivm.maintain.relations.StoredRelations`, given here so this module imports none of it)."""
         self.config = config
+        self.relations = relations(self)
         self.catalog = catalog or Catalog.open(config.catalog_url)
         self.warehouse = Warehouse(config.warehouse_uri)
         self.warehouse.ensure()
@@ -68,46 +83,14 @@ class RunContext:
         program = compile_project(self.config)
         return program, stratify(program)
 
-    @cached_property
-    def plans_over_empty_tables(self) -> Evaluator:
-        """Every view's plan over empty tables, built once: Spark analyses it for types and schemas."""
-        program, strata = self.program
-        empty = {t: self.spark.createDataFrame([], self.schema(t).add(COUNT_COLUMN, "long"))
-                 for t in self.config.tables}
-        return Evaluator(program, strata, empty, plans_only=True)
-
     @property
     def max_iterations(self) -> dict[str, int]:
         """Each view's limit on the rounds of a recursive fixpoint."""
         return {name: v.max_iterations for name, v in self.config.views.items()}
 
-    @cached_property
-    def groupby_states(self) -> dict[str, GroupByState]:
-        """The state relation of every GROUPBY subgoal (000 Algorithm 6.1), by name."""
-        program, _ = self.program
-        return counting.groupby_states(program, self.plans_over_empty_tables)
-
-    @cached_property
-    def _stored_schemas(self) -> dict[str, StructType]:
-        """Columns and types of the auxiliary relations views store: auxiliary predicates, GROUPBY
-        states and distinct-value counts (from the plans over empty tables; no Spark job runs)."""
-        empty = self.plans_over_empty_tables
-        out: dict[str, StructType] = {}
-        for name, st in self.groupby_states.items():
-            rows = empty.atom(st.subgoal.atom)
-            out[name] = st.schema(rows)
-            for var in st.distinct_args():
-                out[st.distinct_name(var)] = StructType([f for f in st.distinct_rows(rows, var).schema.fields
-                                                         if f.name != COUNT_COLUMN])
-        return out
-
     def stored_relations(self, view: str) -> list[str]:
         """Everything maintaining ``view`` stores: the view, its auxiliary predicates, GROUPBY states."""
-        program, strata = self.program
-        cfg = self.config.views.get(view)
-        if cfg is not None and cfg.strategy is not None and strategy.lookup(cfg.strategy).count_free:
-            return [view]  # key-based and reducing maintenance store the view alone, without counts
-        return counting.stored_relations(program, strata, view)
+        return self.relations.stored_relations(view)
 
     def base_tables(self, view: str) -> list[str]:
         """The tables ``view`` reads, directly or through the views below it, sorted."""
@@ -131,12 +114,10 @@ class RunContext:
         if relation in self.config.tables:
             _ = self.spark  # (Spark parses the types: started if a stage had not needed it yet)
             return table_schema(self.config.tables[relation])
-        if relation in self.config.views or relation in self.program[0].predicates:
-            plan = self.plans_over_empty_tables.relation(relation)
-            return StructType([f for f in plan.schema.fields if f.name != COUNT_COLUMN])
-        if relation in self._stored_schemas:
-            return self._stored_schemas[relation]
-        raise NotFoundError(f"unknown table or view {relation!r}")
+        found = self.relations.schema(relation)
+        if found is None:
+            raise NotFoundError(f"unknown table or view {relation!r}")
+        return found
 
     def cluster_columns(self, relation: str) -> list[str]:
         """Base layers are sorted by the key, or by all columns for a bag."""

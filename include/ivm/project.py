@@ -19,6 +19,7 @@ from ivm.context import RunContext
 from ivm.errors import ConfigError
 from ivm.ir import Program
 from ivm.maintain import strategy
+from ivm.maintain.relations import StoredRelations
 from ivm.modes import Mode
 from ivm.refresh import RefreshResult, refresh
 from ivm.refresh.plan import choose_strategy
@@ -39,7 +40,7 @@ class Project:
 
     def __init__(self, config: ProjectConfig, catalog: Catalog | None = None,
                  start_spark: Callable[[], SparkSession] | None = None):
-        self.ctx = RunContext(config, catalog, start_spark)
+        self.ctx = RunContext(config, StoredRelations, catalog, start_spark)
 
     @classmethod
     def open(cls, path: str | None = None, start_spark: Callable[[], SparkSession] | None = None,

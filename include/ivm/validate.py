@@ -59,7 +59,7 @@ from ivm.lang.sql import union_in_recursion
 from ivm.spark import adaptive, side_session
 from ivm.storage import Scratch
 from ivm.vocabulary import Form
-from ivm.zset import consolidate, expand, one_partition, restrict, small_change, union_all
+from ivm.zset import as_used, consolidate, expand, one_partition, restrict, small_change, union_all
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -334,7 +334,6 @@ def _zset(ctx: RunContext, spark: SparkSession, name: str, paths: list[str]) -> 
 def _as_sql(ctx: RunContext, spark: SparkSession, name: str, paths: list[str]) -> DataFrame:
     """Relation ``name`` held in the layers at ``paths`` as SQL returns it (as `RunContext.read_state`
     does for the published state): bag rows repeated, set rows once, no counts."""
-    from ivm.maintain.recompute import as_used
 
     return expand(as_used(ctx.program[0].predicates[name], _zset(ctx, spark, name, paths)))
 
@@ -441,7 +440,6 @@ def _sampled(ctx: RunContext, run_id: str, st: ViewState, check: ViewCheck, full
     states; and, for an SQL view, its own SQL text: ``sql``) and its Great Expectations suite, into
     ``check``."""
     from ivm.expectations import run_suite
-    from ivm.maintain.recompute import as_used
 
     program, _ = ctx.program
     config = ctx.config.views[st.view]
@@ -542,7 +540,6 @@ class SqlText:
     def compare(self, view: str, ks: KeySample, check: ViewCheck) -> None:
         """The sampled comparison of the view's state (as SQL sees it: its counts as used) with its SQL
         text, into ``check``."""
-        from ivm.maintain.recompute import as_used
 
         expected = self.relation(view)
         if isinstance(expected, str):

@@ -18,6 +18,7 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import DateType, NumericType
 
+from ivm import ir
 from ivm.config import COUNT_COLUMN
 
 
@@ -350,3 +351,10 @@ def change_sizes(df: DataFrame) -> tuple[int, int]:
     row = df.agg(F.sum((F.col(COUNT_COLUMN) > 0).cast("long")).alias("i"),
                  F.sum((F.col(COUNT_COLUMN) < 0).cast("long")).alias("d")).first()
     return row["i"] or 0, row["d"] or 0
+
+
+def as_used(pred: ir.Predicate, zset: DataFrame) -> DataFrame:
+    """How a relation enters the rules above it: a set with count 1 per tuple, a bag with its counts."""
+    if pred.semantics == "set":
+        return zset.where(F.col(COUNT_COLUMN) > 0).withColumn(COUNT_COLUMN, F.lit(1).cast("long"))
+    return zset

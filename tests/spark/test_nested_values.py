@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 from ivm.config import parse_project
 from ivm.lang import compile_project
-from ivm.maintain.recompute import Evaluator, as_used
+from ivm.maintain.recompute import Evaluator
 from ivm.stratify import stratify
-from ivm.zset import expand
+from ivm.zset import as_used, expand
 
 TABLES = {"emp": {"columns": {"id": "int", "kids": "array<struct<name: string, age: int>>",
                               "tags": "array<string>"}}}

@@ -11,9 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ivm.aggregates import register
-from ivm.maintain.recompute import Evaluator, as_used
+from ivm.maintain.recompute import Evaluator
 from ivm.stratify import stratify
-from ivm.zset import expand
+from ivm.zset import as_used, expand
 from tests.helpers import PROGRAM, PROJECT, TABLES, duckdb_views, rows
 
 STRATA = stratify(PROGRAM)

@@ -61,7 +61,11 @@ REFUSED = [
      "WHERE l2.dst = l1.dst)", "correlated by l1.dst, which is not a grouping column"),
     ("SELECT src FROM link GROUP BY src, (SELECT max(dst) FROM link)",
      "stands where ivm reads only WHERE, HAVING and SELECT"),
-    # (an uncorrelated IN over GROUP BY / HAVING is read through a subquery in FROM: ivm.lang.grouped_in)
+    # (an uncorrelated IN over GROUP BY / HAVING, and an EXISTS correlated by equalities on its grouping
+    # columns, are read through a subquery in FROM: ivm.lang.grouped_in)
+    ("SELECT f.flight_id FROM flight f WHERE EXISTS "
+     "(SELECT 1 FROM res r WHERE r.seat = f.flight_id GROUP BY r.flight_id HAVING count(*) > 1)",
+     "GROUP BY inside an EXISTS / IN / ANY subquery is not supported yet"),
     ("SELECT f.flight_id FROM flight f WHERE f.flight_id IN "
      "(SELECT r.flight_id FROM res r WHERE r.seat < f.flight_id GROUP BY r.flight_id HAVING count(*) > 1)",
      "GROUP BY inside an EXISTS / IN / ANY subquery is not supported yet"),

@@ -1,4 +1,4 @@
-"""A front-end pass (#45, item 2): an uncorrelated IN subquery that groups — TPC-H Q18's
+"""A front-end pass (#45, item 2; #71, item 4): an uncorrelated IN subquery that groups — TPC-H Q18's
 ``o_orderkey IN (SELECT l_orderkey FROM lineitem GROUP BY l_orderkey HAVING sum(l_quantity) > 300)`` —
 becomes an IN over a subquery in FROM, which the compiler maintains as an aggregate subview:
 
@@ -7,8 +7,10 @@ becomes an IN over a subquery in FROM, which the compiler maintains as an aggreg
 
 The same rows, by SQL's definition of a derived table. A correlated one (its GROUP BY or HAVING reads a
 column of the outer query) stays as it is and the compiler refuses it, as it refuses ORDER BY / LIMIT
-there. It runs on the qualified tree (every column names its table), where sqlglot's scopes tell an
-outer column from an inner one; a pure function from tree to tree.
+there. [NOT] EXISTS over a subquery that groups is read the same way where its correlation allows
+(`_exists`: equalities of outer columns with GROUP BY columns, moved out of the grouping). It runs on the
+qualified tree (every column names its table), where sqlglot's scopes tell an outer column from an inner
+one; a pure function from tree to tree.
 
 >>> import sqlglot
 >>> from sqlglot.optimizer.qualify import qualify
@@ -25,7 +27,7 @@ HAVING SUM(lineitem.l_quantity) > 300) AS __in0)
 from __future__ import annotations
 
 from sqlglot import exp
-from sqlglot.optimizer.scope import build_scope
+from sqlglot.optimizer.scope import Scope, build_scope
 
 
 def _groups(select: exp.Expression) -> bool:
@@ -35,8 +37,9 @@ def _groups(select: exp.Expression) -> bool:
 
 
 def rewrite(tree: exp.Expression) -> exp.Expression:
-    """The tree with each uncorrelated grouping IN subquery read through a subquery in FROM."""
-    tree = tree.copy()
+    """The tree with each uncorrelated grouping IN subquery, and each grouping [NOT] EXISTS subquery
+    (`_exists`), read through a subquery in FROM."""
+    tree = _exists(tree.copy())
     root = build_scope(tree)
     if root is None:
         return tree
@@ -53,3 +56,70 @@ def rewrite(tree: exp.Expression) -> exp.Expression:
                              for i in range(len(select.expressions))]).from_(inner.subquery(name))
         query.replace(exp.Subquery(this=outer) if isinstance(query, exp.Subquery) else outer)
     return tree
+
+
+def _exists(tree: exp.Expression) -> exp.Expression:
+    """[NOT] EXISTS over a subquery that groups, decorrelated as IN's is read (#71, item 4): the grouping
+    moves into a subquery in FROM, which selects the grouping columns the correlation compares, and the
+    correlation compares the outer columns with them there —
+
+        EXISTS (SELECT 1 FROM t WHERE t.k = o.x AND p GROUP BY t.k HAVING c)
+          ->  EXISTS (SELECT 1 FROM (SELECT t.k AS c0 FROM t WHERE p GROUP BY t.k HAVING c) AS __ex0
+                      WHERE __ex0.c0 = o.x)
+
+    The same rows: a filter on a grouping column keeps or drops whole groups, so it commutes with the
+    grouping and its HAVING (and NULL equals nothing on either side). Only where that holds: each
+    condition naming an outer column is a conjunct of WHERE equating it with a GROUP BY column, and no
+    outer column is named anywhere else; an uncorrelated one moves whole. Any other stays as it is and the
+    compiler refuses it in one line."""
+    root = build_scope(tree)
+    if root is None:
+        return tree
+    for n, (scope, node) in enumerate([(s, s.expression.parent) for s in root.traverse()
+                                       if isinstance(s.expression.parent, exp.Exists)]):
+        select = scope.expression
+        if not _groups(select):
+            continue
+        moved = _correlation(scope, select)
+        if moved is None:
+            continue
+        name = f"__ex{n}"
+        inner = select.copy()
+        where = [c for c in _conjuncts(inner.args["where"].this)] if inner.args.get("where") else []
+        kept = [c for c in where if not any(c == m for m, _, _ in moved)]
+        inner.set("where", exp.Where(this=exp.and_(*kept)) if kept else None)
+        inner.set("expressions", [exp.alias_(g.copy(), f"c{i}") for i, (_, g, _) in enumerate(moved)] or
+                  [exp.alias_(exp.Literal.number(1), "c0")])
+        outer = exp.select("1").from_(inner.subquery(name))
+        for i, (_, _, o) in enumerate(moved):
+            outer = outer.where(exp.EQ(this=exp.column(f"c{i}", table=name), expression=o.copy()))
+        node.set("this", outer)
+    return tree
+
+
+def _correlation(scope: Scope, select: exp.Select) -> list[tuple[exp.Expression, exp.Column, exp.Column]] | None:
+    """The conjuncts of ``select``'s WHERE that correlate it (each with its GROUP BY column and the outer
+    column), when they are the only place an outer column is named; None when it cannot move."""
+    outer = {id(c) for c in scope.external_columns}
+    if not outer:
+        return []
+    groups = [g for g in (select.args["group"].expressions if select.args.get("group") else [])]
+    where = _conjuncts(select.args["where"].this) if select.args.get("where") else []
+    moved = []
+    for c in where:
+        cols = [x for x in c.find_all(exp.Column) if id(x) in outer]
+        if not cols:
+            continue
+        if not isinstance(c, exp.EQ) or len(cols) != 1:
+            return None
+        o = cols[0]
+        g = c.expression if c.this is o else c.this if c.expression is o else None
+        if not isinstance(g, exp.Column) or not any(g == x for x in groups):
+            return None
+        moved.append((c, g, o))
+    named = sum(1 for x in select.find_all(exp.Column) if id(x) in outer)
+    return moved if named == len(moved) else None
+
+
+def _conjuncts(e: exp.Expression) -> list[exp.Expression]:
+    return list(e.flatten()) if isinstance(e, exp.And) else [e]

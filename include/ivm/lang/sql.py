@@ -148,7 +148,7 @@ class SqlCompiler:
         if counted is not tree:
             tree = self._qualify(counted, schema)
         tree = scalar_subqueries.rewrite(tree, name)  # (decorrelated into joins with aggregate subqueries)
-        tree = grouped_in.rewrite(tree)  # (an uncorrelated IN over GROUP BY / HAVING: through a FROM subquery)
+        tree = grouped_in.rewrite(tree)  # ([NOT] EXISTS and uncorrelated IN over GROUP BY: via FROM)
         self._query(tree, name, Kind.VIEW)
         self._view_is_its_recursion(name)
         return self.program.predicates[name]

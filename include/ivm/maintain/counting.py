@@ -51,13 +51,14 @@ from ivm.maintain import cream, nested, references
 from ivm.maintain.delta_rules import DELTA, NEW, OLD, DeltaRule, delta_rules
 from ivm.maintain.dred import DRed, RuleChange
 from ivm.maintain.groupby import GroupByState, distinct_args, distinct_name, groupby_subgoals, state_name
-from ivm.maintain.recompute import Evaluator, as_used, connected, join_order
+from ivm.maintain.recompute import Evaluator, connected, join_order
 from ivm.maintain.states import RunStates
 from ivm.maintain.stats import MaintainStats
 from ivm.stratify import Component, Strata
 from ivm.vocabulary import Kind
 from ivm.zset import (
     anti_join,
+    as_used,
     consolidate,
     difference,
     local_join,

@@ -28,7 +28,6 @@ from ivm.ir import (
     Expr,
     GroupBy,
     Literal,
-    Predicate,
     Program,
     Rule,
     SetOf,
@@ -41,7 +40,7 @@ from ivm.maintain.groupby import with_windows
 from ivm.storage import Scratch
 from ivm.stratify import Strata
 from ivm.vocabulary import Kind
-from ivm.zset import anti_join, consolidate, expand, quote, union_all
+from ivm.zset import anti_join, as_used, consolidate, expand, quote, union_all
 
 C = COUNT_COLUMN
 Subgoal = Callable[[int, BodyItem], DataFrame | None]
@@ -53,13 +52,6 @@ def set_element(s: SetOf) -> Column:
     if len(s.elements) == 1:
         return F.col(quote(s.elements[0].name))
     return F.struct(*[F.col(quote(e.name)) for e in s.elements])
-
-
-def as_used(pred: Predicate, zset: DataFrame) -> DataFrame:
-    """How a relation enters the rules above it: a set with count 1 per tuple, a bag with its counts."""
-    if pred.semantics == "set":
-        return zset.where(F.col(C) > 0).withColumn(C, F.lit(1).cast("long"))
-    return zset
 
 
 class Evaluator:

@@ -17,7 +17,7 @@ from ivm.context import RunContext
 from ivm.errors import NotFoundError, RunError
 from ivm.maintain.count_free import CountFree
 from ivm.maintain.counting import Counting, ephemeral, materialize, view_predicates, weighted
-from ivm.maintain.recompute import Evaluator, as_used
+from ivm.maintain.recompute import Evaluator
 from ivm.maintain.states import RunStates
 from ivm.maintain.strategy import lookup
 from ivm.modes import Mode
@@ -26,7 +26,7 @@ from ivm.refresh.record import CatchUp, Plan, ViewWork
 from ivm.spark import adaptive
 from ivm.storage import Scratch
 from ivm.vocabulary import Kind
-from ivm.zset import consolidate, difference
+from ivm.zset import as_used, consolidate, difference
 
 Progress = Callable[[str], None]
 
@@ -51,7 +51,7 @@ class Maintenance:
             self.states.old_paths[name] = [x.path for x in self.old[name]]
             rows = [x.rows for x in self.old[name]]
             self.states.old_rows[name] = None if None in rows else sum(rows)
-        self.counting = Counting(program, strata, self.states, ctx.groupby_states, ctx.schema,
+        self.counting = Counting(program, strata, self.states, ctx.relations.groupby_states, ctx.schema,
                                  ctx.max_iterations)
         for t in p.tables:  # a Delta source's new state: the table as of the planned version (time travel)
             where = ctx.source_location(t.table)
@@ -163,7 +163,7 @@ class Maintenance:
             if rows:
                 since[r] = path, size, rows
         states = main.behind(at, since)
-        counting = Counting(program, strata, states, ctx.groupby_states, ctx.schema, ctx.max_iterations)
+        counting = Counting(program, strata, states, ctx.relations.groupby_states, ctx.schema, ctx.max_iterations)
         counting.updated_keys = {t: n for t, n in self.counting.updated_keys.items() if t not in catch_up.layers}
         for name in sorted(set(states.delta_paths) & strata.upstream(view)):
             counting.note_delta(name, states.delta(name))
@@ -229,7 +229,7 @@ class Maintenance:
                     full.relations[name] = self.new_state(name)
                 if full.weighted and program.predicates[name].kind == Kind.BASE:  # (a keyed table's count 1 each)
                     full.layers[name] = self.new_rows(name)
-            for name, df in materialize(full, ctx.groupby_states, work.view):
+            for name, df in materialize(full, ctx.relations.groupby_states, work.view):
                 if strategy.count_free:
                     if name != work.view:
                         continue  # key-based and reducing maintenance store the view alone, each tuple once
@@ -240,8 +240,8 @@ class Maintenance:
                 states.replaced[name] = layer.path
                 if name in program.predicates:  # the predicates above read what was written, not its lineage
                     full.relations[name] = states.new(name)
-                elif name in ctx.groupby_states:  # T of its GROUPBY subgoal, as the state holds it
-                    st = ctx.groupby_states[name]
+                elif name in ctx.relations.groupby_states:  # T of its GROUPBY subgoal, as the state holds it
+                    st = ctx.relations.groupby_states[name]
                     full.groupby_tables[st.subgoal] = st.finalize(states.new(name))
             work.rows = self.written[work.view].rows
             how = f"full recompute ({work.reason}), {work.rows} rows"
