@@ -204,6 +204,13 @@ SQL_VIEWS = {
     "v_left_cond": "SELECT r.a, s.c FROM r LEFT JOIN s ON r.b = s.b AND s.c > 1",
     "v_right": "SELECT r.a, s.b, s.c FROM r RIGHT JOIN s ON r.b = s.b",
     "v_full": "SELECT r.a, r.b, s.b AS sb, s.c FROM r FULL OUTER JOIN s ON r.b = s.b",
+    # outer joins with any ON (#71): a condition on one side only, a non-equi one; and a RIGHT JOIN after an
+    # inner join, whose padding asks which rows of that join match
+    "v_full_one_side": "SELECT r.a, r.b, s.b AS sb, s.c FROM r FULL JOIN s ON r.b = s.b AND r.a > 1",
+    "v_left_theta": "SELECT r.a, r.b, s.c FROM r LEFT JOIN s ON r.b = s.b AND s.c < r.a + 3",
+    "v_right_theta": "SELECT r.a, s.b, s.c FROM r RIGHT JOIN s ON r.a < s.c AND s.c > 1",
+    "v_inner_then_right": "SELECT r1.a, s.c FROM r r1 JOIN r r2 ON r1.b = r2.b AND r1.a < r2.a "
+                          "RIGHT JOIN s ON r2.a = s.c",
     "v_left_agg": "SELECT r.b, count(s.c) AS n, count(*) AS m FROM r LEFT JOIN s ON r.b = s.b GROUP BY r.b",
     "v_left_is_null": "SELECT r.a FROM r LEFT JOIN s ON r.b = s.b WHERE s.b IS NULL",
     "v_left_chain": "SELECT l1.src, l2.dst, l3.dst AS d3 FROM link l1 LEFT JOIN link l2 ON l1.dst = l2.src "

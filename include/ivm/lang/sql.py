@@ -284,6 +284,13 @@ class SqlCompiler:
                     self._bind(join.this.alias_or_name, pred, b)
                 where += on
             else:
+                if side in ("RIGHT", "FULL") and where:
+                    # the inner joins' ON so far, before a RIGHT / FULL JOIN: its padding asks which rows of
+                    # the left side (those joins' result) match, so their conditions apply to it first
+                    for b in blocks:
+                        for c in _subqueries_last(where):
+                            self._conjunct(c, b, None)
+                    where = []
                 blocks = self._outer_join(side, join.this, on, blocks)
         for lateral in sel.args.get("laterals") or []:
             for b in blocks:
@@ -410,8 +417,12 @@ class SqlCompiler:
             if side in ("LEFT", "FULL"):  # left rows without a partner
                 padded = b.copy()
                 self._bind(alias, pred, padded, padded=True)
-                partners, outer_vars = self._partners(source, pred, on, b, side)
-                padded.body.append(Literal(Atom(partners, tuple(Var(v) for v in outer_vars)), negated=True))
+                if self._keyed_on(on, b, alias):
+                    partners, outer_vars = self._partners(source, pred, on, b)
+                    padded.body.append(Literal(Atom(partners, tuple(Var(v) for v in outer_vars)), negated=True))
+                else:  # any other ON: NOT EXISTS (SELECT 1 FROM source WHERE on), a theta anti-join
+                    self._exists(exp.select("1").from_(source.copy()).where(exp.and_(*[c.copy() for c in on])),
+                                 padded, True)
                 out.append(padded)
         if side in ("RIGHT", "FULL"):  # right rows without a partner: the left side padded
             left = blocks[0]
@@ -420,15 +431,37 @@ class SqlCompiler:
             for a, cols in left.scope.items():
                 padded.scope[a] = dict(cols)
                 padded.nulls |= set(cols.values())
-            pairs = self._equalities(on, left, padded, side)
-            partners = self._aux([f"k{i}" for i in range(len(pairs))], "set", "exists")
-            self._add_rule(Rule(Atom(partners.name, tuple(Var(lv) for lv, _ in pairs)), tuple(left.body)), left)
-            padded.body.append(Literal(Atom(partners.name, tuple(Var(rv) for _, rv in pairs)), negated=True))
+            if all(self._cross_equality(c, left, padded) for c in on):
+                pairs = [self._cross_equality(c, left, padded) for c in on]
+                partners = self._aux([f"k{i}" for i in range(len(pairs))], "set", "exists")
+                self._add_rule(Rule(Atom(partners.name, tuple(Var(lv) for lv, _ in pairs)), tuple(left.body)), left)
+                padded.body.append(Literal(Atom(partners.name, tuple(Var(rv) for _, rv in pairs)), negated=True))
+            else:  # any other ON: the left side's rows that satisfy it with the right row, as NOT EXISTS's are
+                inner = left.copy()
+                inner.correlations = []
+                self._correlate(list(on), inner, padded)
+                partners, outer_vars = self._semijoin(inner)
+                padded.body.append(Literal(Atom(partners, tuple(Var(o) for o in outer_vars)), negated=True))
             out.append(padded)
         return out
 
-    def _partners(self, source: exp.Expression, pred: Predicate, on: list[exp.Expression], left: _Block,
-                  side: str) -> tuple[str, list[str]]:
+    def _keyed_on(self, on: list[exp.Expression], left: _Block, alias: str) -> bool:
+        """Whether a LEFT JOIN's ON is column = column between the sides and conditions on the joined table
+        (``alias``) alone: its partners are then the joined table's rows keyed by the left columns
+        (`_partners`). (The tree is qualified: every column names its table.)"""
+        def right(col: exp.Column) -> bool:
+            return col.table == alias
+
+        def cross(c: exp.Expression) -> bool:
+            if not (isinstance(c, exp.EQ) and isinstance(c.this, exp.Column) and isinstance(c.expression, exp.Column)):
+                return False
+            ours = [x for x in (c.this, c.expression) if not right(x)]
+            return len(ours) == 1 and self._var(ours[0], left) is not None
+
+        return all(all(right(col) for col in c.find_all(exp.Column)) or cross(c) for c in on)
+
+    def _partners(self, source: exp.Expression, pred: Predicate, on: list[exp.Expression],
+                  left: _Block) -> tuple[str, list[str]]:
         """An auxiliary predicate of the right side's rows that satisfy ON, keyed by the left columns ON
         equates them to; and those left variables."""
         inner = _Block()
@@ -438,11 +471,8 @@ class SqlCompiler:
                 self._conjunct(c, inner, None)  # a condition on the joined table alone
                 continue
             pair = self._cross_equality(c, left, inner)
-            if pair is not None:
-                inner.correlations.append(pair)
-                continue
-            raise self._fail(f"the {side} JOIN condition {c.sql(dialect='spark')!r} (use column = column "
-                             "between the two sides, or conditions on the joined table alone)")
+            assert pair is not None, c  # (`_keyed_on` holds)
+            inner.correlations.append(pair)
         return self._semijoin(inner)
 
     def _semijoin(self, inner: _Block) -> tuple[str, list[str]]:
@@ -461,16 +491,6 @@ class SqlCompiler:
             if lv and rv:
                 return lv, rv
         return None
-
-    def _equalities(self, on: list[exp.Expression], left: _Block, right: _Block, side: str) -> list[tuple[str, str]]:
-        pairs = []
-        for c in on:
-            pair = self._cross_equality(c, left, right)
-            if pair is None:
-                raise self._fail(f"the {side} JOIN condition {c.sql(dialect='spark')!r} (only column = column "
-                                 "between the two sides)")
-            pairs.append(pair)
-        return pairs
 
     # -- FROM items and conditions -------------------------------------------------------------
 
@@ -558,6 +578,12 @@ class SqlCompiler:
             conjuncts += _conjuncts(sel.args["where"].this)
         if extra is not None:
             conjuncts.append(extra)
+        self._correlate(conjuncts, inner, block)
+        return sel, inner
+
+    def _correlate(self, conjuncts: list[exp.Expression], inner: _Block, block: _Block) -> None:
+        """A subquery's conditions: its own and ``outer = inner`` equalities in ``inner``, any other
+        naming an outer column against a probe of the outer block's bindings (`_probe`)."""
         residual = []
         for c in _subqueries_last(conjuncts):
             outer_refs = [col for col in c.find_all(exp.Column)
@@ -569,7 +595,6 @@ class SqlCompiler:
                 self._conjunct(c, inner, block)
         if residual:
             self._probe(residual, inner, block)
-        return sel, inner
 
     def _probe(self, residual: list[exp.Expression], inner: _Block, block: _Block) -> None:
         outer_vars = list(dict.fromkeys(self._var(col, block) for c in residual for col in c.find_all(exp.Column)
