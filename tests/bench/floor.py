@@ -4,7 +4,7 @@ in one warm session (the benchmark issue's goals "T_inc / T_full ≤ 0.25 for Q3
 "≤ 0.1 for Q3 at SF 10, Δ 1%"). Not ivm, and not a test: a measurement of what Spark itself costs
 here, to set ivm's figures against.
 
-    .venv/bin/python tests/bench/floor.py [--view q3] [--sf 1] [--delta 0.001] [--warmup 8] [--rounds 5]
+    .venv/bin/python tests/bench/floor.py [--view q3] [--sf 1] [--delta 0.001] [--warmup 8] [--rounds 5] [--checked]
 
 Each round appends an RF1/RF2 change (``workloads.RefreshSets``: orders deleted and inserted with their
 lineitems) and refreshes the view one way; the rounds alternate the two ways, each on a change of its
@@ -23,6 +23,13 @@ own, after ``--warmup`` unmeasured rounds of both.
   (each base layer without the deleted keys, with the inserted rows: right for this workload only,
   where no inserted row is deleted later) and the view written whole. Adaptive execution on, as ivm
   runs a recompute.
+
+- **``--checked``**: both ways first make the lookups ivm's trim makes of a hand-appended log (002 §3,
+  `ivm.changes.trim`): the stored rows at the changed keys (a broadcast semi-join of each table's current
+  state with its change's keys), against which every deleted row must be there with its values and every
+  inserted key must be new — both tables in one Spark job, a bad change refused. The floor then checks
+  what ivm checks on its own logs (the issue's T_inc / T_floor(checked)); without it, what a Delta
+  source's trusted change data feed needs.
 
 At the end the incrementally kept view is compared with a recompute (it must match, or the floor
 measured the wrong thing; exit status 1). Prints each way's median and range and the ratio of the
@@ -53,10 +60,10 @@ GROUPS = {"q3": ["l_orderkey", "o_orderdate", "o_shippriority"], "q5": ["n_name"
 class Floor:
     """The base layers, the change layers appended since, and the view's layers, as folders."""
 
-    def __init__(self, spark, view: str, data: Path, work: Path):
+    def __init__(self, spark, view: str, data: Path, work: Path, checked: bool = False):
         from pyspark.sql import functions as F
 
-        self.spark, self.F, self.work, self.n = spark, F, work, 0
+        self.spark, self.F, self.work, self.n, self.checked = spark, F, work, 0, checked
         self.sql, self.group, self.tables = TPCH_VIEWS[view], GROUPS[view], tables_read(view)
         shutil.rmtree(work, ignore_errors=True)
         for t in self.tables:  # sorted by key, as ivm writes base layers
@@ -77,6 +84,8 @@ class Floor:
         """Each table's change file signed (insert +1, delete −1) and written as a delta layer, the two
         writes side by side; the layers as DataFrames."""
         F, written = self.F, {}
+        if self.checked:
+            self._check(files)
 
         def write(t: str) -> None:
             log = self.spark.read.parquet(str(files[t]))
@@ -89,6 +98,24 @@ class Floor:
         for t, path in written.items():
             self.deltas[t].append(path)
         return {t: self.spark.read.parquet(path) for t, path in written.items()}
+
+    def _check(self, files: dict[str, Path]) -> None:
+        """ivm's trim's lookups (`--checked`): each table's stored rows at its change's keys; a deleted row
+        must be among them with its values, an inserted key must not be. One Spark job for both tables."""
+        F, bad = self.F, []
+        for t in self.deltas:
+            log, keys = self.spark.read.parquet(str(files[t])), KEYS[t]
+            columns = [c for c in log.columns if c != "_change_type"]
+            stored = self._current(t).join(F.broadcast(log.select(*keys).distinct()), keys, "left_semi")
+            deleted = log.where(F.col("_change_type") == "delete").select(*columns)
+            inserted = log.where(F.col("_change_type") == "insert").select(*columns)
+            bad += [deleted.join(stored, columns, "left_anti").select(F.lit(t).alias("t"), *keys),
+                    inserted.join(stored.select(*keys), keys, "left_semi").select(F.lit(t).alias("t"), *keys)]
+        found = bad[0].unionByName(bad[1], allowMissingColumns=True)
+        for x in bad[2:]:
+            found = found.unionByName(x, allowMissingColumns=True)
+        if not found.isEmpty():
+            raise SystemExit(f"a bad change: {found.first()}")
 
     def _current(self, t: str):
         """Table ``t`` now: its base layer without the deleted keys, with the inserted rows."""
@@ -159,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--delta", type=float, default=0.001, help="fraction of the orders changed per round")
     ap.add_argument("--warmup", type=int, default=8, help="unmeasured rounds of each way first")
     ap.add_argument("--rounds", type=int, default=5, help="measured rounds of each way (alternating)")
+    ap.add_argument("--checked", action="store_true",
+                    help="make the lookups ivm's trim makes of a hand-appended log first (both ways)")
     ap.add_argument("--driver-memory", default="4g")
     ap.add_argument("--work", default=str(REPO / ".bench"))
     ap.add_argument("--out", default=str(REPO / "tests" / "bench" / "results" / "floor"),
@@ -174,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     spark = session(SparkSettings(master="local[2]", conf={"spark.driver.memory": args.driver_memory}))
     root = Path(args.work)
     data = tpch(args.sf, root)
-    floor = Floor(spark, args.view, data, root / f"floor-{args.view}-sf{args.sf:g}")
+    floor = Floor(spark, args.view, data, root / f"floor-{args.view}-sf{args.sf:g}", args.checked)
     changes = RefreshSets(data)
     folder = root / "changes-floor"
     times: dict[str, list[float]] = {"incremental": [], "full": []}
@@ -190,7 +219,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"round {i}{' (warm-up)' if i < args.warmup else ''}: {way} {took:.2f} s", flush=True)
     spark.conf.set(ADAPTIVE, "true")
     med = {way: run.lower_middle(t) for way, t in times.items()}
-    lines = [f"# The floor of a refresh: {args.view} at SF {args.sf:g}, Δ {args.delta:.2%} (tests/bench/floor.py)", "",
+    how = " --checked (with the trim's lookups)" if args.checked else ""
+    lines = [f"# The floor of a refresh: {args.view} at SF {args.sf:g}, Δ {args.delta:.2%} (tests/bench/floor.py"
+             f"{how})", "",
              *[f"- {m}" for m in run.machine()], f"- {args.warmup} warm-up rounds of each way, then {args.rounds} "
              "measured, alternating", ""]
     for way, t in times.items():
@@ -202,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(lines))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.view}-sf{args.sf:g}-d{args.delta:g}.md").write_text("\n".join(lines) + "\n")
+    (out / f"{args.view}-sf{args.sf:g}-d{args.delta:g}{'-checked' if args.checked else ''}.md").write_text(
+        "\n".join(lines) + "\n")
     return 0 if ok else 1
 
 
