@@ -159,9 +159,10 @@ class FloorRefresh:
     before its first change: the same changes ivm's project gets, in the same order; the copy shares the
     tables it draws from, which at SF 10 hold GBs), with adaptive execution off as floor.py runs it."""
 
-    def __init__(self, spark, view: str, data: Path, root: Path, changes: RefreshSets):
-        self.spark, self.folder = spark, root / f"changes-floor-{view}"
-        self.floor = Floor(spark, view, data, root / f"floor-{view}")
+    def __init__(self, spark, view: str, data: Path, root: Path, changes: RefreshSets, checked: bool = False):
+        name = f"floor-checked-{view}" if checked else f"floor-{view}"
+        self.spark, self.folder = spark, root / f"changes-{name}"
+        self.floor = Floor(spark, view, data, root / name, checked)
         self.changes = changes
 
     def change(self, fraction: float):
@@ -222,6 +223,7 @@ def run_view(view: str, args, root: Path, counters_for) -> list[Figure]:
     else:
         changes = RefreshSets(data)
         floor_changes = copy.copy(changes)  # (before the first change: FloorRefresh's sequence)
+        checked_changes = copy.copy(changes)  # (and the checked floor's)
         plan = [(d, "RF1+RF2") for d in args.deltas]
     name = view.split("@")[0]
 
@@ -250,10 +252,13 @@ def run_view(view: str, args, root: Path, counters_for) -> list[Figure]:
         plain.copy_tables()
         plain_warmup = warm_up(lambda: None, plain.run, FULL_WARMUP)
         print(f"{view}: plain Spark warm-up {', '.join(f'{t:.2f}' for t in plain_warmup)} s", flush=True)
-    floor = FloorRefresh(project.spark, view, data, root, floor_changes) if view in FLOOR_VIEWS else None
-    if floor is not None:  # (as many unmeasured rounds as ivm's incremental refreshes had)
-        floor_warmup = warm_up(lambda: None, lambda: floor.change(min(args.deltas))())
-        print(f"{view}: floor warm-up {', '.join(f'{t:.2f}' for t in floor_warmup)} s", flush=True)
+    floors = {}  # T_floor, unchecked and --checked (the trim's lookups of a hand-appended log first)
+    if view in FLOOR_VIEWS:
+        floors = {"floor": FloorRefresh(project.spark, view, data, root, floor_changes),
+                  "floor_checked": FloorRefresh(project.spark, view, data, root, checked_changes, checked=True)}
+    for way, floor in floors.items():  # (as many unmeasured rounds as ivm's incremental refreshes had)
+        floor_warmup = warm_up(lambda: None, lambda floor=floor: floor.change(min(args.deltas))())
+        print(f"{view}: {way} warm-up {', '.join(f'{t:.2f}' for t in floor_warmup)} s", flush=True)
     for fraction, kind in plan:
         # each Δ's measurements start from compacted relations (one base layer each; unmeasured): the
         # figures run at the few layers a compacted project holds, not at however many the earlier
@@ -277,9 +282,9 @@ def run_view(view: str, args, root: Path, counters_for) -> list[Figure]:
             if plain is not None:  # T_plain: the user's CREATE OR REPLACE TABLE ... AS SELECT
                 _, *numbers = counters.measure(plain.run)
                 rounds.setdefault("plain", []).append(Figure(view, fraction, kind, "plain", 0, *numbers))
-            if floor is not None:  # T_floor: the hand-written refresh of a change of the same size
+            for way, floor in floors.items():  # T_floor: the hand-written refresh of a change of the same size
                 _, *numbers = counters.measure(floor.change(fraction))
-                rounds.setdefault("floor", []).append(Figure(view, fraction, kind, "floor", 0, *numbers))
+                rounds.setdefault(way, []).append(Figure(view, fraction, kind, way, 0, *numbers))
             if args.auto:  # a third change of the same size under --mode auto: the crossover's choice
                 n = append(fraction, kind)
                 result, *numbers = counters.measure(lambda: project.refresh([name]))
@@ -303,10 +308,13 @@ def run_view(view: str, args, root: Path, counters_for) -> list[Figure]:
                   f"{medians['auto'].seconds:.2f} s", flush=True)
     _, *numbers = counters.measure(lambda: project.refresh([name]))
     figures.append(Figure(view, 0.0, "noop", "incremental", 0, *numbers))
-    if floor is not None:  # (else the floor measured the wrong thing: floor.py's own check)
+    said = []
+    for way, floor in floors.items():  # (else the floor measured the wrong thing: floor.py's own check)
         checked = "equals" if floor.floor.check() else "does NOT equal"
-        print(f"{view}: the floor's incrementally kept view {checked} a recompute", flush=True)
-        figures[-1] = replace(figures[-1], detail=f"the floor's view {checked} a recompute")
+        print(f"{view}: the {way}'s incrementally kept view {checked} a recompute", flush=True)
+        said.append(f"the {way}'s view {checked} a recompute")
+    if said:
+        figures[-1] = replace(figures[-1], detail="; ".join(said))
     project.close()
     return figures
 
@@ -367,23 +375,28 @@ def report(figures: list[Figure], args, out: Path) -> None:
              f"after {FULL_WARMUP} unmeasured runs; measured in the same rounds, after T_full (— for a Datalog view)",
              "- T_floor (Q3, Q5): floor.py's hand-written, unchecked incremental refresh of the same view over its "
              "own copies of the tables, changed by the same RF1/RF2 sequence, adaptive execution off; after "
-             f"{WARMUP} unmeasured rounds, measured in the same rounds, after T_plain",
+             f"{WARMUP} unmeasured rounds, measured in the same rounds, after T_plain; T_floor✓ the same with "
+             "`--checked` (the lookups ivm's trim makes of a hand-appended log first), after T_floor",
              "",
              "| view | Δ | kind | changed rows | T_inc s | T_full s | T_plain s | T_inc/T_plain | T_full/T_plain | "
-             "T_floor s | T_inc/T_floor | T_inc/T_full | jobs inc/full | rows read inc/full | bytes written inc/full |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "T_floor s | T_inc/T_floor | T_floor✓ s | T_inc/T_floor✓ | T_inc/T_full | jobs inc/full | "
+             "rows read inc/full | bytes written inc/full |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     by: dict[tuple, dict[str, Figure]] = {}
     for f in figures:
         by.setdefault((f.view, f.delta, f.change), {})[f.mode] = f
     for (view, delta, kind), pair in by.items():
         inc, full, plain, floor = pair["incremental"], pair.get("full"), pair.get("plain"), pair.get("floor")
+        floor_checked = pair.get("floor_checked")
         if full is None:
-            lines.append(f"| {view} | — | no-op refresh | 0 | {inc.seconds:.2f} | | | | | | | | {inc.jobs} | "
+            lines.append(f"| {view} | — | no-op refresh | 0 | {inc.seconds:.2f} | | | | | | | | | | {inc.jobs} | "
                          f"{inc.rows_read} | {inc.bytes_written} |")
             continue
         vs_plain = (f"{timed(plain)} | {inc.seconds:.2f}/{plain.seconds:.2f} = {inc.seconds / plain.seconds:.3f} | "
                     f"{full.seconds / plain.seconds:.3f}") if plain else "— | — | —"
         vs_floor = f"{timed(floor)} | {inc.seconds / floor.seconds:.3f}" if floor else "— | —"
+        vs_floor += (f" | {timed(floor_checked)} | {inc.seconds / floor_checked.seconds:.3f}" if floor_checked
+                     else " | — | —")
         lines.append(f"| {view} | {delta:.2%} | {kind} | {inc.changes} | {timed(inc)} | {timed(full)} | {vs_plain} | "
                      f"{vs_floor} | {inc.seconds / full.seconds:.3f} | {inc.jobs}/{full.jobs} | "
                      f"{inc.rows_read}/{full.rows_read} | {inc.bytes_written}/{full.bytes_written} |")
