@@ -25,9 +25,10 @@ own, after ``--warmup`` unmeasured rounds of both.
   runs a recompute.
 
 - **``--checked``**: both ways first make the lookups ivm's trim makes of a hand-appended log (002 §3,
-  `ivm.changes.trim`): the stored rows at the changed keys (a broadcast semi-join of each table's current
-  state with its change's keys), against which every deleted row must be there with its values and every
-  inserted key must be new — both tables in one Spark job, a bad change refused. The floor then checks
+  `ivm.changes.trim`): the stored rows at the changed keys (each table's current state filtered by the
+  keys' values, so Parquet skips the row groups without them, then semi-joined with the keys), against
+  which every deleted row must be there with its values and every inserted key must be new — both
+  tables in one Spark job, a bad change refused. The floor then checks
   what ivm checks on its own logs (the issue's T_inc / T_floor(checked)); without it, what a Delta
   source's trusted change data feed needs.
 
@@ -101,18 +102,28 @@ class Floor:
 
     def _check(self, files: dict[str, Path]) -> None:
         """ivm's trim's lookups (`--checked`): each table's stored rows at its change's keys; a deleted row
-        must be among them with its values, an inserted key must not be. One Spark job for both tables."""
+        must be among them with its values, an inserted key must not be. The keys' first column is read from
+        the change file on the driver (pyarrow, no Spark job) and filters the stored layers by value, so
+        Parquet skips the row groups (base layers sorted by key) that hold none of them — the deleted
+        orders' and the inserted ones' apart, each a narrow range; one Spark job for both tables."""
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+
         F, bad = self.F, []
         for t in self.deltas:
             log, keys = self.spark.read.parquet(str(files[t])), KEYS[t]
             columns = [c for c in log.columns if c != "_change_type"]
-            stored = self._current(t).join(F.broadcast(log.select(*keys).distinct()), keys, "left_semi")
-            deleted = log.where(F.col("_change_type") == "delete").select(*columns)
-            inserted = log.where(F.col("_change_type") == "insert").select(*columns)
-            bad += [deleted.join(stored, columns, "left_anti").select(F.lit(t).alias("t"), *keys),
-                    inserted.join(stored.select(*keys), keys, "left_semi").select(F.lit(t).alias("t"), *keys)]
-        found = bad[0].unionByName(bad[1], allowMissingColumns=True)
-        for x in bad[2:]:
+            head = pq.read_table(files[t], columns=[keys[0], "_change_type"])
+            for kind in ("delete", "insert"):
+                values = pc.unique(head.filter(pc.equal(head["_change_type"], kind))[keys[0]]).to_pylist()
+                rows = log.where(F.col("_change_type") == kind).select(*columns)
+                stored = self._current(t).where(F.col(keys[0]).isin(values)).join(
+                    F.broadcast(rows.select(*keys)), keys, "left_semi")
+                found = (rows.join(stored, columns, "left_anti") if kind == "delete"   # a delete of a row not there
+                         else rows.join(stored.select(*keys), keys, "left_semi"))      # an insert of a stored key
+                bad.append(found.select(F.lit(f"{t} {kind}").alias("what"), *[F.col(k).cast("string") for k in keys]))
+        found = bad[0]
+        for x in bad[1:]:
             found = found.unionByName(x, allowMissingColumns=True)
         if not found.isEmpty():
             raise SystemExit(f"a bad change: {found.first()}")
