@@ -195,8 +195,8 @@ class CountingStrategy(Strategy):
         return (sum(e.changed.values()) if e.shape is None else e.joined) + 2 * JOB_ROWS
 
     def describe(self, program: Program, strata: Strata, view: str, cfg: ViewConfig) -> str:
-        recursive = [p for c in strata.recursive_among(view_predicates(program, strata, view)) for p in c.predicates
-                     if p in view_predicates(program, strata, view)]
+        preds = view_predicates(program, strata, view)
+        recursive = [p for c in strata.recursive_among(preds) for p in c.predicates if p in preds]
         if recursive:
             return f"DRed (000 §7) for {', '.join(recursive)}, counting (000 §4-6) around it"
         return "counting (000 §4-6)"
