@@ -174,10 +174,6 @@ class UpdateTrace:
     target: DataFrame | None = field(default=None, repr=False)
     shortcut: str = ""
 
-    def target_rows(self) -> int:
-        """|V_T| (a Spark job; tests)."""
-        return 0 if self.target is None else self.target.count()
-
 
 class Reducer:
     """Computes the view change of one run with one of the reducing algorithms.
