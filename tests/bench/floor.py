@@ -26,7 +26,8 @@ own, after ``--warmup`` unmeasured rounds of both.
 
 - **``--checked``**: both ways first make the lookups ivm's trim makes of a hand-appended log (002 §3,
   `ivm.changes.trim`): the stored rows at the changed keys (each table's current state filtered by the
-  keys' values, so Parquet skips the row groups without them, then semi-joined with the keys), against
+  keys' values — Parquet could skip row groups without them, but the layers here hold one row group per
+  file, as ivm's do — then semi-joined with the keys), against
   which every deleted row must be there with its values and every inserted key must be new — both
   tables in one Spark job, a bad change refused. The floor then checks
   what ivm checks on its own logs (the issue's T_inc / T_floor(checked)); without it, what a Delta
@@ -103,9 +104,9 @@ class Floor:
     def _check(self, files: dict[str, Path]) -> None:
         """ivm's trim's lookups (`--checked`): each table's stored rows at its change's keys; a deleted row
         must be among them with its values, an inserted key must not be. The keys' first column is read from
-        the change file on the driver (pyarrow, no Spark job) and filters the stored layers by value, so
-        Parquet skips the row groups (base layers sorted by key) that hold none of them — the deleted
-        orders' and the inserted ones' apart, each a narrow range; one Spark job for both tables."""
+        the change file on the driver (pyarrow, no Spark job) and filters the stored layers by value, the
+        deleted orders' and the inserted ones' apart, each a narrow range (a layer of several row groups
+        skips those without them; these layers hold one per file); one Spark job for both tables."""
         import pyarrow.compute as pc
         import pyarrow.parquet as pq
 

@@ -155,6 +155,16 @@ def test_sql_left_join_is_a_matched_and_a_padded_rule():
         "v__1(m_src_3) :- link(m_src_3, m_dst_3)."]
 
 
+def test_a_right_join_after_an_inner_join_pads_against_that_joins_rows():
+    """The padding's partners are the rows of the inner join before it (its ON applied), not the product
+    of its tables: a right row matching an l2 that no l1 reaches is padded."""
+    prog, _ = program({"v": {"sql": "SELECT l1.src, m.dst FROM link l1 JOIN link l2 ON l1.dst = l2.src "
+                                    "RIGHT JOIN link m ON l2.dst = m.src"}})
+    assert rules_of(prog, "v")[1:] == [
+        "v(NULL, m_dst_2) :- link(m_src_2, m_dst_2), not v__1(m_src_2).",
+        "v__1(l2_dst_1) :- link(l1_src_1, l1_dst_1), link(l1_dst_1, l2_dst_1)."]
+
+
 def test_recursion_is_a_recursive_stratum():
     prog, strata = program({
         "reach": {"sql": "WITH RECURSIVE r(src, dst) AS (SELECT src, dst FROM link UNION "

@@ -29,6 +29,8 @@ from __future__ import annotations
 from sqlglot import exp
 from sqlglot.optimizer.scope import Scope, build_scope
 
+from ivm.lang.scalar_subqueries import conjuncts
+
 
 def _groups(select: exp.Expression) -> bool:
     return isinstance(select, exp.Select) and (
@@ -85,8 +87,8 @@ def _exists(tree: exp.Expression) -> exp.Expression:
             continue
         name = f"__ex{n}"
         inner = select.copy()
-        where = [c for c in _conjuncts(inner.args["where"].this)] if inner.args.get("where") else []
-        kept = [c for c in where if not any(c == m for m, _, _ in moved)]
+        kept = [c for c in conjuncts(inner.args.get("where") and inner.args["where"].this)
+                if not any(c == m for m, _, _ in moved)]
         inner.set("where", exp.Where(this=exp.and_(*kept)) if kept else None)
         inner.set("expressions", [exp.alias_(g.copy(), f"c{i}") for i, (_, g, _) in enumerate(moved)] or
                   [exp.alias_(exp.Literal.number(1), "c0")])
@@ -103,10 +105,9 @@ def _correlation(scope: Scope, select: exp.Select) -> list[tuple[exp.Expression,
     outer = {id(c) for c in scope.external_columns}
     if not outer:
         return []
-    groups = [g for g in (select.args["group"].expressions if select.args.get("group") else [])]
-    where = _conjuncts(select.args["where"].this) if select.args.get("where") else []
+    groups = select.args["group"].expressions if select.args.get("group") else []
     moved = []
-    for c in where:
+    for c in conjuncts(select.args.get("where") and select.args["where"].this):
         cols = [x for x in c.find_all(exp.Column) if id(x) in outer]
         if not cols:
             continue
@@ -120,6 +121,3 @@ def _correlation(scope: Scope, select: exp.Select) -> list[tuple[exp.Expression,
     named = sum(1 for x in select.find_all(exp.Column) if id(x) in outer)
     return moved if named == len(moved) else None
 
-
-def _conjuncts(e: exp.Expression) -> list[exp.Expression]:
-    return list(e.flatten()) if isinstance(e, exp.And) else [e]

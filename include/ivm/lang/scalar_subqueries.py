@@ -87,17 +87,17 @@ def _null(node: exp.Expression) -> bool:
                                              if not isinstance(child, exp.DataType))
 
 
-def _conjuncts(node: exp.Expression | None) -> list[exp.Expression]:
+def conjuncts(node: exp.Expression | None) -> list[exp.Expression]:
     """The conjuncts of ``node``, through AND and parentheses."""
     if isinstance(node, exp.Paren):
-        return _conjuncts(node.this)
+        return conjuncts(node.this)
     if isinstance(node, exp.And):
-        return _conjuncts(node.this) + _conjuncts(node.expression)
+        return conjuncts(node.this) + conjuncts(node.expression)
     return [] if node is None else [node]
 
 
 def _in_conjuncts(node: exp.Expression, clause: exp.Expression | None) -> bool:
-    return clause is not None and any(node is c for c in _conjuncts(clause.this))
+    return clause is not None and any(node is c for c in conjuncts(clause.this))
 
 
 def _correlation(inner: exp.Select, external: list[exp.Column], outer_sources: set[str],
@@ -120,7 +120,7 @@ def _correlation(inner: exp.Select, external: list[exp.Column], outer_sources: s
         pairs.append((other, column))
         used.append(eq)
     if used:
-        rest = [c for c in _conjuncts(where.this) if not any(c is u for u in used)]
+        rest = [c for c in conjuncts(where.this) if not any(c is u for u in used)]
         inner.set("where", exp.Where(this=exp.and_(*rest)) if rest else None)
     return pairs
 
@@ -153,7 +153,7 @@ def _decorrelate(sq: exp.Subquery, name: str, view: str) -> None:
         sq.replace(column)
         outer.join(inner.subquery(name, copy=False), join_type="CROSS", copy=False)
         if on:
-            outer.set("where", exp.Where(this=exp.and_(*_conjuncts(outer.args["where"].this), *on, copy=False)))
+            outer.set("where", exp.Where(this=exp.and_(*conjuncts(outer.args["where"].this), *on, copy=False)))
     else:
         sq.replace(column if _null(empty) else exp.case().when(
             exp.column("k0", table=name).is_(exp.null()), empty).else_(column))

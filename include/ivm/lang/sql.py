@@ -48,6 +48,7 @@ from ivm.ir import (
     Var,
 )
 from ivm.lang import aggregate_filters, allowlist, bag_set_operations, grouped_in, scalar_subqueries, window_functions
+from ivm.lang.scalar_subqueries import conjuncts
 from ivm.vocabulary import Kind
 
 #: sqlglot aggregate classes and the Spark SQL function each stands for
@@ -276,7 +277,7 @@ class SqlCompiler:
         for join in sel.args.get("joins") or []:
             if join.kind in ("SEMI", "ANTI") or join.args.get("using"):
                 raise self._fail("SEMI/ANTI JOIN" if join.kind in ("SEMI", "ANTI") else "JOIN ... USING")
-            on = _conjuncts(join.args["on"]) if join.args.get("on") is not None else []
+            on = conjuncts(join.args["on"]) if join.args.get("on") is not None else []
             side = (join.side or "").upper()
             if not side:  # an inner join's ON is part of the rule's predicate, as WHERE is
                 pred = self._source_predicate(join.this)
@@ -297,7 +298,7 @@ class SqlCompiler:
                 self._lateral(lateral, b)
         sel = self._generators_as_laterals(sel, blocks)
         if sel.args.get("where") is not None:
-            where += _conjuncts(sel.args["where"].this)
+            where += conjuncts(sel.args["where"].this)
         for b in blocks:
             for c in _subqueries_last(where):
                 self._conjunct(c, b, None)
@@ -417,8 +418,9 @@ class SqlCompiler:
             if side in ("LEFT", "FULL"):  # left rows without a partner
                 padded = b.copy()
                 self._bind(alias, pred, padded, padded=True)
-                if self._keyed_on(on, b, alias):
-                    partners, outer_vars = self._partners(source, pred, on, b)
+                keyed = self._partners(source, pred, on, b)
+                if keyed is not None:
+                    partners, outer_vars = keyed
                     padded.body.append(Literal(Atom(partners, tuple(Var(v) for v in outer_vars)), negated=True))
                 else:  # any other ON: NOT EXISTS (SELECT 1 FROM source WHERE on), a theta anti-join
                     self._exists(exp.select("1").from_(source.copy()).where(exp.and_(*[c.copy() for c in on])),
@@ -431,8 +433,8 @@ class SqlCompiler:
             for a, cols in left.scope.items():
                 padded.scope[a] = dict(cols)
                 padded.nulls |= set(cols.values())
-            if all(self._cross_equality(c, left, padded) for c in on):
-                pairs = [self._cross_equality(c, left, padded) for c in on]
+            pairs = [self._cross_equality(c, left, padded) for c in on]
+            if all(pairs):
                 partners = self._aux([f"k{i}" for i in range(len(pairs))], "set", "exists")
                 self._add_rule(Rule(Atom(partners.name, tuple(Var(lv) for lv, _ in pairs)), tuple(left.body)), left)
                 padded.body.append(Literal(Atom(partners.name, tuple(Var(rv) for _, rv in pairs)), negated=True))
@@ -445,34 +447,21 @@ class SqlCompiler:
             out.append(padded)
         return out
 
-    def _keyed_on(self, on: list[exp.Expression], left: _Block, alias: str) -> bool:
-        """Whether a LEFT JOIN's ON is column = column between the sides and conditions on the joined table
-        (``alias``) alone: its partners are then the joined table's rows keyed by the left columns
-        (`_partners`). (The tree is qualified: every column names its table.)"""
-        def right(col: exp.Column) -> bool:
-            return col.table == alias
-
-        def cross(c: exp.Expression) -> bool:
-            if not (isinstance(c, exp.EQ) and isinstance(c.this, exp.Column) and isinstance(c.expression, exp.Column)):
-                return False
-            ours = [x for x in (c.this, c.expression) if not right(x)]
-            return len(ours) == 1 and self._var(ours[0], left) is not None
-
-        return all(all(right(col) for col in c.find_all(exp.Column)) or cross(c) for c in on)
-
     def _partners(self, source: exp.Expression, pred: Predicate, on: list[exp.Expression],
-                  left: _Block) -> tuple[str, list[str]]:
+                  left: _Block) -> tuple[str, list[str]] | None:
         """An auxiliary predicate of the right side's rows that satisfy ON, keyed by the left columns ON
-        equates them to; and those left variables."""
+        equates them to; and those left variables. None when ON holds a condition other than those
+        equalities and conditions on the joined table alone (the caller anti-joins through NOT EXISTS)."""
         inner = _Block()
         self._bind(source.alias_or_name, pred, inner)
-        for c in on:
-            if all(self._var(col, inner) for col in c.find_all(exp.Column)):
+        own = [all(self._var(col, inner) for col in c.find_all(exp.Column)) for c in on]
+        pairs = [self._cross_equality(c, left, inner) for c, mine in zip(on, own, strict=True) if not mine]
+        if None in pairs:
+            return None
+        for c, mine in zip(on, own, strict=True):
+            if mine:
                 self._conjunct(c, inner, None)  # a condition on the joined table alone
-                continue
-            pair = self._cross_equality(c, left, inner)
-            assert pair is not None, c  # (`_keyed_on` holds)
-            inner.correlations.append(pair)
+        inner.correlations += pairs
         return self._semijoin(inner)
 
     def _semijoin(self, inner: _Block) -> tuple[str, list[str]]:
@@ -572,20 +561,20 @@ class SqlCompiler:
                 raise self._fail(f"{j.side.upper()} JOIN inside a subquery")
         for source in [_arg(sel, "from").this] + [j.this for j in sel.args.get("joins") or []]:
             self._source(source, inner)
-        conjuncts = [x for j in sel.args.get("joins") or [] if j.args.get("on") is not None
-                     for x in _conjuncts(j.args["on"])]
+        conds = [x for j in sel.args.get("joins") or [] if j.args.get("on") is not None
+                 for x in conjuncts(j.args["on"])]
         if sel.args.get("where") is not None:
-            conjuncts += _conjuncts(sel.args["where"].this)
+            conds += conjuncts(sel.args["where"].this)
         if extra is not None:
-            conjuncts.append(extra)
-        self._correlate(conjuncts, inner, block)
+            conds.append(extra)
+        self._correlate(conds, inner, block)
         return sel, inner
 
-    def _correlate(self, conjuncts: list[exp.Expression], inner: _Block, block: _Block) -> None:
+    def _correlate(self, conds: list[exp.Expression], inner: _Block, block: _Block) -> None:
         """A subquery's conditions: its own and ``outer = inner`` equalities in ``inner``, any other
         naming an outer column against a probe of the outer block's bindings (`_probe`)."""
         residual = []
-        for c in _subqueries_last(conjuncts):
+        for c in _subqueries_last(conds):
             outer_refs = [col for col in c.find_all(exp.Column)
                           if self._var(col, inner) is None and self._var(col, block) is not None]
             simple = isinstance(c, exp.EQ) and isinstance(c.this, exp.Column) and isinstance(c.expression, exp.Column)
@@ -816,14 +805,6 @@ def _subqueries_last(conjuncts: list[exp.Expression]) -> list[exp.Expression]:
     written before it (TPC-H Q21's probe joined `nation` unrelated, 25 times over, when
     `s_nationkey = n_nationkey` followed its EXISTS)."""
     return sorted(conjuncts, key=lambda c: c.find(exp.Subquery, exp.Exists, exp.Select) is not None)
-
-
-def _conjuncts(node: exp.Expression) -> list[exp.Expression]:
-    if isinstance(node, exp.And):
-        return _conjuncts(node.this) + _conjuncts(node.expression)
-    if isinstance(node, exp.Paren):
-        return _conjuncts(node.this)
-    return [node]
 
 
 def _resolved(rule: Rule, block: _Block) -> Rule | None:

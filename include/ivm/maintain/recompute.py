@@ -255,11 +255,14 @@ class Evaluator:
 
 
 def join_order(body: tuple[BodyItem, ...], first: int | None = None, among: set[int] | None = None,
-               bound: frozenset[str] = frozenset()) -> list[int]:
+               bound: frozenset[str] = frozenset(),
+               prefer: Callable[[int, set[str]], object] | None = None) -> list[int]:
     """The order a rule's subgoals are joined in: ``first`` (a delta rule's Δ subgoal; else the first
     subgoal, or with variables ``bound`` already, the first sharing one), then each next subgoal that
     shares a variable with those joined (in body order among them), so a join is a cross product only
     where the rule is one; the other body items after them. ``among``: only these body items.
+    ``prefer(i, joined variables)``: among the subgoals that may come next, the least first (REDUCE's
+    order, `ivm.maintain.reduce.join_order`); without it, body order.
     Spark does not reorder these joins itself: the projections between them hide the join graph."""
     joinable = [i for i, x in enumerate(body)
                 if (among is None or i in among)
@@ -272,7 +275,8 @@ def join_order(body: tuple[BodyItem, ...], first: int | None = None, among: set[
         rest.remove(first)
     seen = set(bound) | (_variables(body[first]) if first is not None else set())
     while rest:
-        nxt = next((i for i in rest if _variables(body[i]) & seen), rest[0])
+        joinable = [i for i in rest if _variables(body[i]) & seen] or rest[:1]
+        nxt = min(joinable, key=lambda i: prefer(i, seen)) if prefer else joinable[0]
         order.append(nxt)
         rest.remove(nxt)
         seen |= _variables(body[nxt])

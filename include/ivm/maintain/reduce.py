@@ -50,6 +50,7 @@ from pyspark.sql import functions as F
 
 from ivm.config import COUNT_COLUMN
 from ivm.ir import Atom, Condition, Const, Literal, Program, Rule, Var
+from ivm.maintain import recompute
 from ivm.maintain.counting import presence_change
 from ivm.maintain.fixpoint import as_set
 from ivm.maintain.recompute import Evaluator, natural_join
@@ -104,12 +105,14 @@ def shape(program: Program, view: str) -> Shape | str:
     return Shape(view, rule, tuple(atoms), tuple(conditions))
 
 
-def key_in_view(program: Program, atom: Atom, head_vars: set[str]) -> list[str] | None:
-    """Theorem 3's premise: a key of the atom's table whose columns are all in X_V (or constants)."""
+def key_in_view(program: Program, atom: Atom, bound: set[str]) -> list[str] | None:
+    """A key of the atom's table whose columns are all variables in ``bound`` (or constants): over X_V,
+    Theorem 3's premise; over the variables joined so far, a join that keeps a relation's size (the cost
+    model, `ivm.maintain.strategy.Estimate`)."""
     pred = program.predicates[atom.pred]
     for key in pred.keys:
         args = [atom.args[pred.columns.index(c)] for c in key]
-        if all(isinstance(a, Const) or (isinstance(a, Var) and a.name in head_vars) for a in args):
+        if all(isinstance(a, Const) or (isinstance(a, Var) and a.name in bound) for a in args):
             return key
     return None
 
@@ -126,9 +129,8 @@ def join_order(program: Program, s: Shape, first: int) -> list[int]:
        stops once Y_i holds the view's key);
     3. else body order (as the view is written).
 
-    >>> from ivm.ir import Atom, Rule
-    >>> from ivm.ir import Predicate, Program, Var
-    >>> p = Program({n: Predicate(n, c, "base", keys=k) for n, c, k in (
+    >>> from ivm.ir import Atom, Predicate, Program, Rule, Var
+    >>> p = Program({n: Predicate(n, c, Kind.BASE, keys=k) for n, c, k in (
     ...     ("r1", ["a", "b"], [["a"]]), ("r2", ["b", "c", "d"], []), ("r3", ["d", "e"], []))})
     >>> A, B, C, D, E = map(Var, "ABCDE")
     >>> atoms = (Atom("r3", (D, E)), Atom("r1", (A, B)), Atom("r2", (B, C, D)))
@@ -136,16 +138,8 @@ def join_order(program: Program, s: Shape, first: int) -> list[int]:
     [2, 1, 0]
     """
     head = set(s.head_vars)
-    order, rest = [first], [i for i in range(len(s.atoms)) if i != first]
-    seen = set(s.atoms[first].variables())
-    while rest:
-        joinable = [i for i in rest if s.atoms[i].variables() & seen] or rest[:1]  # (a product only if it must)
-        nxt = min(joinable, key=lambda i: (key_in_view(program, s.atoms[i], head) is None,
-                                           -len((s.atoms[i].variables() & head) - seen), i))
-        order.append(nxt)
-        rest.remove(nxt)
-        seen |= s.atoms[nxt].variables()
-    return order
+    return recompute.join_order(tuple(Literal(a) for a in s.atoms), first, prefer=lambda i, seen: (
+        key_in_view(program, s.atoms[i], head) is None, -len((s.atoms[i].variables() & head) - seen), i))
 
 
 @dataclass

@@ -39,7 +39,7 @@ from pyspark.sql import functions as F
 from ivm.analysis import Decision, analyse
 from ivm.config import COUNT_COLUMN, ProjectConfig, ViewConfig
 from ivm.errors import ConfigError
-from ivm.ir import Condition, Const, Literal, Program, SetOf, Var
+from ivm.ir import Condition, Literal, Program, SetOf, Var
 from ivm.lang.auxiliary_views import ROLE, case1, set_changes_known
 from ivm.maintain import keyed, reduce
 from ivm.maintain.count_free import CountFree
@@ -102,11 +102,8 @@ class Estimate:
     def fanout(self, atom, joined: set[str], partner: str | None) -> float:
         """How a join into ``atom`` grows a relation whose variables ``joined`` are bound: not at all on a
         key, else by the table's rows over its partner's (a foreign-key guess)."""
-        pred = self.program.predicates[atom.pred]
-        for key in pred.keys:
-            args = [atom.args[pred.columns.index(c)] for c in key]
-            if all(isinstance(x, Const) or (isinstance(x, Var) and x.name in joined) for x in args):
-                return 1.0
+        if reduce.key_in_view(self.program, atom, joined) is not None:
+            return 1.0
         rows = max(1, self.sizes.get(atom.pred, 1))
         return max(1.0, rows / max(1, self.sizes.get(partner, 1))) if partner else float(rows)
 
