@@ -286,17 +286,18 @@ class Tables:
         return ", ".join(str(r[0]) for r in self.query(sql)) or "NULL"
 
 
-def round_of_changes(t: Tables, rng: random.Random) -> dict[str, list[str]]:
+def round_of_changes(t: Tables, rng: random.Random, orders_per_side: int = 12) -> dict[str, list[str]]:
     """One round's change files per table (RF1, RF2 and the updates; tests/spark/test_tpch.py's text says
-    which rows and why)."""
+    which rows and why): ``orders_per_side`` random orders deleted and as many copied as new ones, with
+    their line items, beside the orders the queries single out."""
     files: dict[str, list[str]] = {}
     q18 = [r[2] for r in t.query(QUERIES["q18"])]
     top = t.query(f"SELECT s_suppkey FROM ({QUERIES['q15']})")
     orders = [r[0] for r in t.query("SELECT o_orderkey FROM orders ORDER BY o_orderkey")]
     top_order = t.query(f"SELECT min(l_orderkey) FROM lineitem WHERE l_suppkey = {top[0][0]} AND l_shipdate "
                         f"BETWEEN date '1996-01-01' AND date '1996-03-31'") if top else [(None,)]
-    gone = {*rng.sample(orders, 12), *q18[:1], *(k for (k,) in top_order if k is not None)}
-    copied = [*rng.sample(orders, 12), *q18[1:2]]
+    gone = {*rng.sample(orders, orders_per_side), *q18[:1], *(k for (k,) in top_order if k is not None)}
+    copied = [*rng.sample(orders, orders_per_side), *q18[1:2]]
     for sql in REACHED.values():
         reached = sorted({k for (k,) in t.query(sql)})
         if reached:

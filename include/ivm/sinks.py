@@ -223,7 +223,8 @@ def _route(ctx: RunContext, view: str, previous: int | None, delta_path: str | N
     bag = None
     if small is not None and not key and not whole:
         bag = (_bag_change(schema, delta_path) if not stale else  # ((None, None): all its rows, appended)
-               (None, None) if sink is None or not sink.get_add_actions(flatten=True).num_rows else None)
+               (None, None) if sink is None or not sink.get_add_actions(flatten=True).num_rows else
+               _bag_against(ctx, view, schema, sink))
     changed = None if stale else delta_path
     if small is not None and (key or whole or bag is not None):
         return _Route("small", schema, None if whole else key, changed, bag, outside)
@@ -343,6 +344,41 @@ def _bag_change(schema: StructType, delta_path: str) -> tuple | None:
     counts = layer.column(COUNT_COLUMN).to_numpy(zero_copy_only=False)
     return (rows.take(np.repeat(np.arange(len(counts)), np.maximum(counts, 0))),
             rows.filter(pc.less(layer.column(COUNT_COLUMN), 0)))
+
+
+def _bag_against(ctx: RunContext, view: str, schema: StructType, sink) -> tuple | None:
+    """A small keyless bag's change against the rows its Delta table ``sink`` holds (after a full
+    recompute, or a table that is not at the view's previous version): (the copies it gains, the rows that
+    lose copies) as `_bag_change` gives a delta layer's, from each row's copies in the view's state and in
+    the table, counted by pyarrow on the driver (both are small: `small_layers`); None where reading the
+    table takes Spark (a reader feature such as deletion vectors, a type Arrow reads otherwise)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    rows = state_without_jvm(ctx, view)
+    if rows is None or sink.protocol().min_reader_version > 1:
+        return None
+    arrow = to_arrow_schema(schema, timezone="UTC")
+    try:
+        held = ds.dataset([delta.local_path(u) for u in sink.file_uris()], format="parquet").to_table()
+        held = pa.table([held.column(f.name).cast(f.type) for f in arrow], schema=arrow)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, KeyError) as e:
+        log.info("sink %s: the table's rows read through Spark (%s)", view, e)
+        return None
+    new, old = _row_keys(rows), _row_keys(held)
+    counts = (pa.table({"k": new}).group_by("k").aggregate([("k", "count")])
+              .join(pa.table({"k": old}).group_by("k").aggregate([("k", "count")]), "k", join_type="full outer",
+                    left_suffix="_new", right_suffix="_old"))
+    gain = pc.subtract(pc.fill_null(counts.column("k_count_new"), 0), pc.fill_null(counts.column("k_count_old"), 0))
+    gaining, losing = counts.filter(pc.greater(gain, 0)), counts.filter(pc.less(gain, 0))
+    # (each gaining row's first copy in the state, as many times as it gains; each losing row once)
+    first = pc.index_in(gaining.column("k"), value_set=new).to_numpy(zero_copy_only=False)
+    copies = pc.filter(gain, pc.greater(gain, 0)).to_numpy(zero_copy_only=False)
+    return (rows.take(np.repeat(first, copies)),
+            held.take(pc.index_in(losing.column("k"), value_set=old)))
 
 
 def _nullable(t: DataType) -> DataType:

@@ -1,13 +1,16 @@
 """Incremental refresh against full recompute, side by side, in one warm Spark session (the benchmark
 issue). Not a test: figures are measured and reported, never asserted.
 
-    .venv/bin/python tests/bench/run.py [--sf 0.1] [--deltas 0.0001,0.001,0.01,0.1] [--edges 10000]
+    .venv/bin/python tests/bench/run.py [--sf 0.1] [--deltas 0.0001,0.001,0.01,0.1] [--edges 10000] [--sources ivm]
                                         [--views q1,q3,q5,reach,cust_dates,nations@reduce,...] [--repeat 3]
                                         [--out tests/bench/results]
 
 (`make bench` runs it at SF 0.1.) For each view a project of its own holds the tables it reads (so a
 refresh of one view never costs another's), loaded from TPC-H (``tpchgen-cli``) or the generated
-graph and materialized once. Then for each Δ (a fraction of the orders, or of the edges):
+graph and materialized once — or, with ``--sources delta``, the TPC-H tables written as Delta tables
+with the change data feed on, which the project reads in place (`source: {delta: ...}`), each change
+committed to them as a user's pipeline does (`MERGE ... DELETE`, `INSERT`, in place of the appends
+below). Then for each Δ (a fraction of the orders, or of the edges):
 
     T_inc   append the change files, `refresh --mode incremental` (trim the logs, maintain the view, publish)
     T_full  append a second change of the same size, `refresh --mode full` (trim the logs, recompute the
@@ -15,7 +18,8 @@ graph and materialized once. Then for each Δ (a fraction of the orders, or of t
     T_auto  append a third, `refresh` (`--mode auto`: the crossover by the view's measured costs decides)
     T_plain what a user without ivm runs instead: the view's SQL as Spark SQL's
             `CREATE OR REPLACE TABLE ... USING delta AS SELECT` in the same Spark (a session of its own),
-            over Delta copies of the view's tables (written, unmeasured, at each Δ's start)
+            over Delta copies of the view's tables (written, unmeasured, at each Δ's start; with
+            ``--sources delta`` the Delta tables themselves)
     T_floor Q3 and Q5: floor.py's hand-written, unchecked incremental refresh of the same view, over
             copies of the same tables changed by the same sequence of RF1/RF2 changes (the least a
             refresh persisting its changes does; see floor.py)
@@ -60,7 +64,9 @@ from workloads import (  # noqa: E402
     TPCH_VIEWS,
     EdgeChanges,
     RefreshSets,
+    commit,
     graph,
+    lake,
     tables_read,
     tpch,
 )
@@ -131,10 +137,11 @@ class PlainSpark:
     """T_plain: the view's SQL run by plain Spark as a user without ivm would, `CREATE OR REPLACE TABLE
     delta.`<folder>/view` USING delta AS <the view's SQL>`, in a new session of ivm's Spark (the same warm
     JVM and executors; temporary views of its own: each of the view's tables by its name, read from a
-    Delta copy of the table's state, written unmeasured by `copy_tables`)."""
+    Delta copy of the table's state, written unmeasured by `copy_tables` — or, with ``lake`` (`--sources
+    delta`), the Delta tables ivm reads in place, at their current version)."""
 
-    def __init__(self, project, view: str, folder: Path):
-        self.project, self.sql, self.folder = project, view_sql(view), folder
+    def __init__(self, project, view: str, folder: Path, lake: dict[str, str] | None = None):
+        self.project, self.sql, self.folder, self.lake = project, view_sql(view), folder, lake
         self.spark = project.spark.newSession()
         # each CREATE OR REPLACE of a path's table gives it a new table id, which Delta warns of with both
         # snapshots printed whole (~40 lines per run); the benchmark's own doing, so quieted in its JVM
@@ -144,9 +151,10 @@ class PlainSpark:
 
     def copy_tables(self) -> None:
         for table in self.project.config.tables:
-            where = str(self.folder / table)
-            (self.project.read(table).write.format("delta").mode("overwrite").option("overwriteSchema", "true")
-             .save(where))
+            where = self.lake[table] if self.lake else str(self.folder / table)
+            if not self.lake:
+                (self.project.read(table).write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+                 .save(where))
             self.spark.read.format("delta").load(where).createOrReplaceTempView(table)
 
     def run(self) -> None:
@@ -179,14 +187,22 @@ class FloorRefresh:
         return refresh
 
 
-def project_for(view: str, root: Path, sf: float, edges: int):
-    """A project holding ``view`` and the tables it reads, loaded and materialized."""
+def project_for(view: str, root: Path, sf: float, edges: int, sources: str = "ivm"):
+    """A project holding ``view`` and the tables it reads, loaded and materialized; and, with ``sources``
+    "delta", where its tables' Delta tables are (else None)."""
     from ivm import Project
 
     closure = view == "reach"
     tables = CLOSURE_TABLES if closure else {t: TPCH_TABLES[t] for t in tables_read(view)}
     tables = {name: {**spec, "references": {c: target for c, target in spec.get("references", {}).items()
                                             if target.split(".")[0] in tables}} for name, spec in tables.items()}
+    data = graph(edges, root) if closure else tpch(sf, root)
+    where = None
+    if sources == "delta" and not closure:  # the tables as a user's Delta tables, read in place by their feed
+        lake_root = root / f"lake-{view.replace('@', '-')}"
+        shutil.rmtree(lake_root, ignore_errors=True)  # (fresh: the refresh sets start from the generated data)
+        where = {t: str(lake_root / "lake" / t) for t in tables}
+        tables = {name: {**spec, "source": {"delta": where[name]}} for name, spec in tables.items()}
     name, _, strategy = view.partition("@")  # e.g. nations@reduce: the view under one strategy
     definition = CLOSURE_VIEWS[view] if closure else {**TPCH_VIEWS, **PROJECTION_VIEWS, **CREAM_VIEWS}[name]
     spec = {**({k: v for k, v in definition.items() if k != "plain"} if isinstance(definition, dict)
@@ -204,16 +220,18 @@ def project_for(view: str, root: Path, sf: float, edges: int):
         "storage": {"compact_max_layers": 100},
         "tables": tables, "aggregates": AGGREGATES, "views": {name: spec}}, sort_keys=False))
     project = Project.open(str(folder / "ivm.yaml"))
+    if where is not None:  # (written by the project's own Spark, before `apply` reads their schemas)
+        lake(project.spark, data, lake_root, list(tables))
     project.apply()
-    data = graph(edges, root) if closure else tpch(sf, root)
-    for t in tables:
-        project.load(t, str(data / f"{t}.parquet"))
+    if where is None:
+        for t in tables:
+            project.load(t, str(data / f"{t}.parquet"))
     project.refresh()
-    return project, data
+    return project, data, where
 
 
 def run_view(view: str, args, root: Path, counters_for) -> list[Figure]:
-    project, data = project_for(view, root, args.sf, args.edges)
+    project, data, where = project_for(view, root, args.sf, args.edges, args.sources)
     counters = counters_for(project.spark)
     figures = []
     changes_dir = root / f"changes-{view}"
@@ -228,6 +246,10 @@ def run_view(view: str, args, root: Path, counters_for) -> list[Figure]:
     name = view.split("@")[0]
 
     def append(fraction: float, kind: str) -> int:
+        """The next change (unmeasured): appended to ivm's logs, or committed to the Delta tables as a
+        user's pipeline does (`--sources delta`); its rows."""
+        if where is not None:
+            return commit(project.spark, changes, fraction, where, changes_dir)
         files = changes.make(fraction, kind, changes_dir) if view == "reach" else changes.make(fraction, changes_dir)
         return sum(project.append(table, str(path)).rows for table, path in files.items()
                    if table in project.config.tables)
@@ -247,7 +269,7 @@ def run_view(view: str, args, root: Path, counters_for) -> list[Figure]:
     full_warmup = warm_up(lambda: append(min(args.deltas), plan[0][1]),
                           lambda: project.refresh([name], mode="full"), FULL_WARMUP)
     print(f"{view}: full warm-up refreshes {', '.join(f'{t:.2f}' for t in full_warmup)} s", flush=True)
-    plain = PlainSpark(project, view, root / f"plain-{view.replace('@', '-')}") if view_sql(view) else None
+    plain = PlainSpark(project, view, root / f"plain-{view.replace('@', '-')}", where) if view_sql(view) else None
     if plain is not None:  # (as many unmeasured runs as the full refreshes had)
         plain.copy_tables()
         plain_warmup = warm_up(lambda: None, plain.run, FULL_WARMUP)
@@ -358,6 +380,13 @@ def report(figures: list[Figure], args, out: Path) -> None:
     lines = ["# ivm benchmark: incremental refresh vs full recompute vs plain Spark", "",
              *[f"- {m}" for m in machine()],
              f"- TPC-H SF {args.sf:g} (tpchgen-cli); closure over {args.edges} edges (chains of 10 nodes)",
+             *(["- `--sources delta`: the TPC-H tables are Delta tables with the change data feed on, read by ivm in "
+                "place (`source: {delta: ...}`, the feed trusted: no lookup of the changes); each change is "
+                "committed as a user's pipeline does (per table a `MERGE ... WHEN MATCHED THEN DELETE` of the old "
+                "orders' rows and an `INSERT` of the new ones, unmeasured); T_plain reads the same Delta tables"]
+               if args.sources == "delta" else
+               ["- `--sources ivm`: the tables loaded into ivm, each change appended to its logs as change files "
+                "(`ivm log append`, unmeasured; the trim looks each change up in the stored rows)"]),
              "- one warm Spark session: the initial materialization ran before the figures, then "
              f"{WARMUP} unmeasured incremental refreshes of each kind of change at the smallest Δ (JMH's default "
              f"count of warm-up iterations) and {FULL_WARMUP} unmeasured full refreshes (their times are listed "
@@ -371,7 +400,9 @@ def report(figures: list[Figure], args, out: Path) -> None:
              "of its own; jobs, rows "
              "and bytes are the median measurement's; T_inc/T_full is the medians' ratio", "",
              "- T_plain: the view's SQL as `CREATE OR REPLACE TABLE delta.`...` USING delta AS SELECT` in a new "
-             "session of the same Spark, over Delta copies of the tables at the Δ's start (written unmeasured), "
+             "session of the same Spark, over " + ("the Delta tables ivm reads, at their current version, " if
+                                                   args.sources == "delta" else "Delta copies of the tables at the "
+                                                   "Δ's start (written unmeasured), ") +
              f"after {FULL_WARMUP} unmeasured runs; measured in the same rounds, after T_full (— for a Datalog view)",
              "- T_floor (Q3, Q5): floor.py's hand-written, unchecked incremental refresh of the same view over its "
              "own copies of the tables, changed by the same RF1/RF2 sequence, adaptive execution off; after "
@@ -475,6 +506,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--deltas", default="0.0001,0.001,0.01,0.1",
                     type=lambda s: [float(x) for x in s.split(",")], help="fractions of the orders / edges")
     ap.add_argument("--edges", type=int, default=100_000, help="edges of the closure's graph")
+    ap.add_argument("--sources", choices=("ivm", "delta"), default="ivm",
+                    help="ivm: the tables loaded into ivm and changed by `ivm log append` (change files); delta: "
+                         "Delta tables with the change data feed on, changed by MERGE/INSERT commits, read in place")
     ap.add_argument("--driver-memory", default=DRIVER_MEMORY, help="spark.driver.memory of the local session")
     ap.add_argument("--repeat", type=int, default=3,
                     help="measurements of each figure (each mode's, interleaved); the median is reported, "

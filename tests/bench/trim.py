@@ -31,20 +31,9 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "bench"))
 
 from run import DRIVER_MEMORY, machine  # noqa: E402
-from workloads import TPCH_TABLES, TPCH_VIEWS, RefreshSets, tables_read, tpch  # noqa: E402
+from workloads import TPCH_TABLES, TPCH_VIEWS, RefreshSets, commit, lake, tables_read, tpch  # noqa: E402
 
 CHANGED = ("orders", "lineitem")
-
-
-def lake(spark, data: Path, root: Path, tables: list[str]) -> dict[str, str]:
-    """The view's tables as Delta tables with the change data feed on (written once, unmeasured)."""
-    where = {}
-    for t in tables:
-        where[t] = str(root / "lake" / t)
-        if not (Path(where[t]) / "_delta_log").exists():
-            spark.read.parquet(str(data / f"{t}.parquet")).write.format("delta") \
-                .option("delta.enableChangeDataFeed", "true").save(where[t])
-    return where
 
 
 def project(root: Path, name: str, view: str, where: dict[str, str], verify: bool):
@@ -68,23 +57,6 @@ def project(root: Path, name: str, view: str, where: dict[str, str], verify: boo
     p.apply()
     p.refresh()  # (the first materialization)
     return p
-
-
-def change(spark, changes: RefreshSets, fraction: float, where: dict[str, str], folder: Path) -> int:
-    """One RF1/RF2 round as a pipeline commits it: per table, a MERGE deleting the old orders' rows and an
-    INSERT of the new ones (two Delta commits each; Delta's DELETE takes no subquery). Returns the rows
-    changed."""
-    rows = 0
-    for t, path in changes.make(fraction, folder).items():
-        if t not in where:
-            continue
-        on = " AND ".join(f"t.{k} = s.{k}" for k in TPCH_TABLES[t]["key"])
-        cols = ", ".join(TPCH_TABLES[t]["columns"])
-        spark.sql(f"MERGE INTO delta.`{where[t]}` t USING (SELECT * FROM parquet.`{path}` WHERE _change_type = "
-                  f"'delete') s ON {on} WHEN MATCHED THEN DELETE")
-        spark.sql(f"INSERT INTO delta.`{where[t]}` SELECT {cols} FROM parquet.`{path}` WHERE _change_type = 'insert'")
-        rows += spark.read.parquet(str(path)).count()
-    return rows
 
 
 def refresh(p) -> dict[str, float]:
@@ -123,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     changes = RefreshSets(data)
     rounds = []
     for n in range(a.repeat + 1):  # (round 0: a warm-up, not reported)
-        rows = change(spark, changes, a.delta, where, work / "changes")
+        rows = commit(spark, changes, a.delta, where, work / "changes")
         order = [("trusted", trusted), ("verified", verified)]
         if n % 2:
             order.reverse()

@@ -177,6 +177,35 @@ class RefreshSets:
         return files
 
 
+def lake(spark, data: Path, root: Path, tables: list[str]) -> dict[str, str]:
+    """The view's tables as Delta tables with the change data feed on, in ``root / "lake"`` (written once,
+    unmeasured; a table already there is kept)."""
+    where = {}
+    for t in tables:
+        where[t] = str(root / "lake" / t)
+        if not (Path(where[t]) / "_delta_log").exists():
+            spark.read.parquet(str(data / f"{t}.parquet")).write.format("delta") \
+                .option("delta.enableChangeDataFeed", "true").save(where[t])
+    return where
+
+
+def commit(spark, changes: RefreshSets, fraction: float, where: dict[str, str], folder: Path) -> int:
+    """One RF1/RF2 round as a pipeline commits it: per table, a MERGE deleting the old orders' rows and an
+    INSERT of the new ones (two Delta commits each; Delta's DELETE takes no subquery). Returns the rows
+    changed."""
+    rows = 0
+    for t, path in changes.make(fraction, folder).items():
+        if t not in where:
+            continue
+        on = " AND ".join(f"t.{k} = s.{k}" for k in TPCH_TABLES[t]["key"])
+        cols = ", ".join(TPCH_TABLES[t]["columns"])
+        spark.sql(f"MERGE INTO delta.`{where[t]}` t USING (SELECT * FROM parquet.`{path}` WHERE _change_type = "
+                  f"'delete') s ON {on} WHEN MATCHED THEN DELETE")
+        spark.sql(f"INSERT INTO delta.`{where[t]}` SELECT {cols} FROM parquet.`{path}` WHERE _change_type = 'insert'")
+        rows += pq.read_metadata(path).num_rows
+    return rows
+
+
 def graph(edges: int, root: Path, chain: int = 10) -> Path:
     """Chains of ``chain`` nodes (``chain - 1`` edges each) until about ``edges`` edges: a closure of
     about chain/2 pairs per edge that stays bounded."""

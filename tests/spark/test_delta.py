@@ -509,6 +509,16 @@ def test_small_views_are_written_by_delta_rs_without_a_jvm(make_project, spark, 
     for view in views:
         assert bag(spark.read.format("delta").load(sinks.location(p.ctx, view)).collect()) == bag(
             p.read(view).collect()), view
+    # a full recompute: the bag's whole new state against the rows its table holds (a row loses one of its
+    # two copies, another gains a second), by delta-rs all the same
+    p.append("m", parquet("c2f.parquet", [rows[2], (8, DAYS[1], None, None, None)], ["delete", "insert"]))
+    p.refresh(mode="full")
+    assert asked.pop() is True
+    assert {v: p.catalog.latest_stage("sink", v).detail["how"] for v in views} == {
+        "per_day": "merge (delta-rs)", "days": "merge (delta-rs)", "copies": "merge (copies, delta-rs)"}
+    for view in views:
+        assert bag(spark.read.format("delta").load(sinks.location(p.ctx, view)).collect()) == bag(
+            p.read(view).collect()), view
     # over the threshold: Spark's MERGE, into the table delta-rs wrote
     again = make_project(table, root=tmp_path / "p", views=views,
                          storage={"delta_views": True, "sink_without_jvm_mb": 0})

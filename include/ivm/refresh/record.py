@@ -15,7 +15,7 @@ from typing import Any
 from ivm.catalog.store import LayerRef, QuarantineRef, StageRecord, WrittenLayer
 from ivm.maintain.dred import RuleChange
 from ivm.modes import Mode
-from ivm.vocabulary import StageName
+from ivm.vocabulary import StageName, StrategyName
 
 
 def layer_json(layer: WrittenLayer | LayerRef, relation: str | None = None) -> dict[str, Any]:
@@ -103,9 +103,9 @@ class ViewWork:
     maintained: bool = False
     #: (mode, reason) as planned, before a maintain stage found it a noop (a retry starts from these)
     planned: tuple[Mode, str] | None = None
-    #: counting, keyed (003) or reduce (004): a name of ivm.maintain.strategy.REGISTRY, and the cost
-    #: model's candidates
-    strategy: str = "counting"
+    #: counting, keyed (003) or reduce (004): the strategy of ivm.maintain.strategy.REGISTRY that
+    #: maintains it, and the cost model's candidates
+    strategy: StrategyName = StrategyName.COUNTING
     choice: dict | None = None
     #: a view that catches up from its own pointer into the logs (#48, item 1: changes an earlier run
     #: applied without it): the run that published its state, and the layers, in that run's published
@@ -123,7 +123,8 @@ class ViewWork:
     def from_json(cls, d: dict[str, Any]) -> ViewWork:
         mode = Mode(d["mode"])
         return cls(d["view"], d["stratum"], mode, d["reason"], d["upstream"], d["changed_inputs"],
-                   planned=(mode, d["reason"]), strategy=d.get("strategy", "counting"), choice=d.get("choice"),
+                   planned=(mode, d["reason"]), strategy=StrategyName(d.get("strategy", StrategyName.COUNTING)),
+                   choice=d.get("choice"),
                    catch_up=CatchUp(**d["catch_up"]) if d.get("catch_up") else None)
 
     def maintain_record(self) -> StageRecord:
