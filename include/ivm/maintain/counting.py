@@ -184,7 +184,8 @@ class Counting:
     """Algorithm 4.1 over one run's states. ``maintain(pred)`` computes, writes and returns Δ(pred)."""
 
     def __init__(self, program: Program, strata: Strata, states: RunStates, groupbys: dict[str, GroupByState],
-                 schemas: Callable[[str], object], limits: dict[str, int] | None = None):
+                 schemas: Callable[[str], object], limits: dict[str, int] | None = None,
+                 updated_keys: dict[str, int] | None = None):
         self.program = program
         self.strata = strata
         self.states = states
@@ -215,7 +216,7 @@ class Counting:
         self.shortcut_keys: dict[references.Shortcut, references.KeysRead] = {}
         #: keys of a keyed table's net delta that are updates (both images), as its trim observed them
         #: (absent: not known); none means a foreign key's "read for updated keys" reads nothing
-        self.updated_keys: dict[str, int] = {}
+        self.updated_keys: dict[str, int] = dict(updated_keys or {})
 
     # -- states of a subgoal's predicate ---------------------------------------------------------------
 

@@ -52,7 +52,8 @@ class Maintenance:
             rows = [x.rows for x in self.old[name]]
             self.states.old_rows[name] = None if None in rows else sum(rows)
         self.counting = Counting(program, strata, self.states, ctx.relations.groupby_states, ctx.schema,
-                                 ctx.max_iterations)
+                                 ctx.max_iterations, {t.table: t.updated_keys for t in p.tables
+                                                      if t.updated_keys is not None})
         for t in p.tables:  # a Delta source's new state: the table as of the planned version (time travel)
             where = ctx.source_location(t.table)
             if where is not None:
@@ -63,8 +64,6 @@ class Maintenance:
         for t in p.tables:
             if t.layer:
                 self.counting.note_delta(t.table, self.states.delta(t.table))
-            if t.updated_keys is not None:
-                self.counting.updated_keys[t.table] = t.updated_keys
         self.full = Evaluator(program, strata, {}, scratch=scratch, limits=ctx.max_iterations,
                               grouped_only=frozenset(ephemeral(program, strata)),  # (given: consolidated states)
                               weighted=frozenset(weighted(program, strata)))
@@ -163,8 +162,8 @@ class Maintenance:
             if rows:
                 since[r] = path, size, rows
         states = main.behind(at, since)
-        counting = Counting(program, strata, states, ctx.relations.groupby_states, ctx.schema, ctx.max_iterations)
-        counting.updated_keys = {t: n for t, n in self.counting.updated_keys.items() if t not in catch_up.layers}
+        counting = Counting(program, strata, states, ctx.relations.groupby_states, ctx.schema, ctx.max_iterations,
+                            {t: n for t, n in self.counting.updated_keys.items() if t not in catch_up.layers})
         for name in sorted(set(states.delta_paths) & strata.upstream(view)):
             counting.note_delta(name, states.delta(name))
         return states, counting, CountFree(program, strata, counting)
