@@ -205,9 +205,9 @@ def report(rounds, first, args, out: Path, served: list[tuple[float, int, str]])
         for v in r.result.views:
             per_view[v.view].append(v)
     lines = [f"# Many views, a small change: 22 TPC-H views over SF {args.sf:g}", "", *[f"- {m}" for m in machine()],
-             "- the change: " + ("a round of tests/spark/test_tpch.py's" if args.delta is None else
-                                 f"{args.delta:.2%} of the orders (half deleted, half copied as new orders, with "
-                                 "their line items) and test_tpch.py's updates") + " per round",
+             "- each round's change: " + ("a round of tests/spark/test_tpch.py's changes" if args.delta is None else
+                                          f"{args.delta:.2%} of the orders (half deleted, half copied as new orders, "
+                                          "with their line items) and test_tpch.py's updates"),
              f"- validation {VALIDATION[args.validate]}; "
              "the default refresh mode (`auto`); views published as Delta tables (the default); one unmeasured "
              "warm-up round",

@@ -158,6 +158,8 @@ class PlainSpark:
             self.spark.read.format("delta").load(where).createOrReplaceTempView(table)
 
     def run(self) -> None:
+        if self.lake:  # (the tables resolved at the query, at their current versions, as a user's query does)
+            self.copy_tables()
         self.spark.sql(f"CREATE OR REPLACE TABLE delta.`{self.folder / 'view'}` USING delta AS {self.sql}")
 
 
