@@ -355,17 +355,16 @@ def _bag_against(ctx: RunContext, view: str, schema: StructType, sink) -> tuple 
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
-    import pyarrow.dataset as ds
     from pyspark.sql.pandas.types import to_arrow_schema
 
     rows = state_without_jvm(ctx, view)
-    if rows is None or sink.protocol().min_reader_version > 1:
+    held = None if rows is None else _delta_rows(sink, f"sink {view}")
+    if held is None:
         return None
     arrow = to_arrow_schema(schema, timezone="UTC")
-    try:
-        held = ds.dataset([delta.local_path(u) for u in sink.file_uris()], format="parquet").to_table()
+    try:  # (the table's columns are the view's: a view whose columns changed is written whole)
         held = pa.table([held.column(f.name).cast(f.type) for f in arrow], schema=arrow)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, KeyError) as e:
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
         log.info("sink %s: the table's rows read through Spark (%s)", view, e)
         return None
     new, old = _row_keys(rows), _row_keys(held)
@@ -655,12 +654,9 @@ def read_without_jvm(ctx: RunContext, view: str):
     reader feature (deletion vectors, column mapping: reader version above 1), or has a column Arrow
     cannot sort (arrays, maps, structs).
 
-    delta-rs gives the version's files, schema and size; pyarrow reads the Parquet files. (delta-rs's own
-    `to_pyarrow_table` scans through a Python file system over its Rust store whose threads outlive the
-    scan: about one `ivm show` in five aborted at exit with "terminate called without an active
-    exception", delta-io/delta-rs#2184; the plain file list does not.)"""
+    delta-rs gives the version's files, schema and size; pyarrow reads the Parquet files
+    (`_delta_rows`)."""
     import pyarrow as pa
-    import pyarrow.dataset as ds
     from deltalake import DeltaTable
 
     s = state(ctx, view)
@@ -669,17 +665,31 @@ def read_without_jvm(ctx: RunContext, view: str):
         return None
     dt = DeltaTable(local, version=s.delta_version)
     size = sum(dt.get_add_actions(flatten=True).column("size_bytes").to_pylist())
-    schema = pa.schema(dt.schema().to_arrow())
-    if (size > SHOW_WITHOUT_JVM_MB * 2**20 or dt.protocol().min_reader_version > 1
-            or any(pa.types.is_nested(f.type) for f in schema)):
+    if size > SHOW_WITHOUT_JVM_MB * 2**20 or any(pa.types.is_nested(f.type) for f in pa.schema(dt.schema().to_arrow())):
         return None
+    rows = _delta_rows(dt, f"ivm show {view}")
+    return None if rows is None else _as_shown(rows)
+
+
+def _delta_rows(dt, what: str):
+    """The rows of the Delta table version ``dt`` (a delta-rs DeltaTable) read by pyarrow from the Parquet
+    files delta-rs lists, in the table's own Arrow schema; None where that takes Spark: a remote table, a
+    reader feature (deletion vectors, column mapping: reader version above 1), or a type Arrow reads
+    otherwise (``what`` names the reader in the log). (delta-rs's own `to_pyarrow_table` scans through a
+    Python file system over its Rust store whose threads outlive the scan: about one `ivm show` in five
+    aborted at exit with "terminate called without an active exception", delta-io/delta-rs#2184; the plain
+    file list does not.)"""
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
     files = [delta.local_path(u) for u in dt.file_uris()]
-    try:
-        rows = ds.dataset(files, schema=schema, format="parquet").to_table()
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:  # a type Arrow reads differently: Spark does
-        log.info("ivm show %s: reading through Spark (%s)", view, e)
+    if dt.protocol().min_reader_version > 1 or any("://" in f for f in files):
         return None
-    return _as_shown(rows)
+    try:
+        return ds.dataset(files, schema=pa.schema(dt.schema().to_arrow()), format="parquet").to_table()
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:  # a type Arrow reads differently: Spark does
+        log.info("%s: reading through Spark (%s)", what, e)
+        return None
 
 
 def layers_without_jvm(ctx: RunContext, relation: str):

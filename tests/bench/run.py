@@ -67,6 +67,7 @@ from workloads import (  # noqa: E402
     commit,
     graph,
     lake,
+    lake_paths,
     tables_read,
     tpch,
 )
@@ -203,7 +204,7 @@ def project_for(view: str, root: Path, sf: float, edges: int, sources: str = "iv
     if sources == "delta" and not closure:  # the tables as a user's Delta tables, read in place by their feed
         lake_root = root / f"lake-{view.replace('@', '-')}"
         shutil.rmtree(lake_root, ignore_errors=True)  # (fresh: the refresh sets start from the generated data)
-        where = {t: str(lake_root / "lake" / t) for t in tables}
+        where = lake_paths(lake_root, list(tables))
         tables = {name: {**spec, "source": {"delta": where[name]}} for name, spec in tables.items()}
     name, _, strategy = view.partition("@")  # e.g. nations@reduce: the view under one strategy
     definition = CLOSURE_VIEWS[view] if closure else {**TPCH_VIEWS, **PROJECTION_VIEWS, **CREAM_VIEWS}[name]

@@ -177,12 +177,16 @@ class RefreshSets:
         return files
 
 
+def lake_paths(root: Path, tables: list[str]) -> dict[str, str]:
+    """Where `lake` writes each table."""
+    return {t: str(root / "lake" / t) for t in tables}
+
+
 def lake(spark, data: Path, root: Path, tables: list[str]) -> dict[str, str]:
-    """The view's tables as Delta tables with the change data feed on, in ``root / "lake"`` (written once,
+    """The view's tables as Delta tables with the change data feed on, at `lake_paths` (written once,
     unmeasured; a table already there is kept)."""
-    where = {}
+    where = lake_paths(root, tables)
     for t in tables:
-        where[t] = str(root / "lake" / t)
         if not (Path(where[t]) / "_delta_log").exists():
             spark.read.parquet(str(data / f"{t}.parquet")).write.format("delta") \
                 .option("delta.enableChangeDataFeed", "true").save(where[t])
