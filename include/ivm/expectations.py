@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import fcntl
 import logging
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -139,6 +140,22 @@ def _locked(warehouse_uri: str) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@lru_cache(maxsize=1)
+def import_ahead() -> None:
+    """Import Great Expectations on a thread of its own, once a process: it takes 5-8 s, and the run meanwhile
+    trims, maintains and recomputes its samples, its main thread waiting on Spark (a socket: the GIL is free).
+    The first suite then finds it imported, or waits for the rest of it (Python's import lock). A failed import
+    is left for that first suite to report."""
+
+    def load() -> None:
+        try:
+            import great_expectations.expectations  # noqa: F401 (the suites' module; imports the package)
+        except Exception:  # noqa: BLE001 - `_context` imports it again and says what is wrong
+            log.debug("importing Great Expectations ahead failed", exc_info=True)
+
+    threading.Thread(target=load, name="ivm-import-great-expectations", daemon=True).start()
 
 
 @lru_cache(maxsize=4)  # a process validates a project or a few; each context holds its last batches

@@ -278,6 +278,9 @@ class Unnest:
 
 
 BodyItem = Literal | Condition | Assign | GroupBy | SetOf | Unnest
+#: the body items 000 Definition 4.1 gives a delta rule each (an atom, negated or not, a GROUPBY or a setof
+#: subgoal); conditions, assignments and unnests are kept as they are
+Subgoal = Literal | GroupBy | SetOf
 
 
 @dataclass(frozen=True)

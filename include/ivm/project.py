@@ -27,7 +27,7 @@ from ivm.spark import project_conf
 from ivm.storage import Warehouse
 from ivm.stratify import Strata
 from ivm.validate import ViewCheck, ViewState, check_views
-from ivm.vocabulary import Outcome
+from ivm.vocabulary import Outcome, RunStatus
 
 log = logging.getLogger(__name__)
 
@@ -335,7 +335,7 @@ class Project:
         finally:
             self.warehouse.delete(self.warehouse.path("staging", run_id))
         failed = [c for c in checks if c.status == Outcome.FAILED]
-        self.catalog.finish_run(run_id, "failed" if failed else "succeeded",
+        self.catalog.finish_run(run_id, RunStatus.FAILED if failed else RunStatus.SUCCEEDED,
                                 f"{failed[0].view}: {failed[0].problem}" if failed else None)
         return checks
 

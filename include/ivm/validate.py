@@ -58,7 +58,7 @@ from ivm.ir import GroupBy, Program, Var
 from ivm.lang.sql import union_in_recursion
 from ivm.spark import adaptive, side_session
 from ivm.storage import Scratch
-from ivm.vocabulary import Form
+from ivm.vocabulary import Form, Outcome
 from ivm.zset import as_used, consolidate, expand, one_partition, restrict, small_change, union_all
 
 if TYPE_CHECKING:
@@ -406,7 +406,7 @@ def check_views(ctx: RunContext, run_id: str, states: list[ViewState], tables: d
         started = time.perf_counter()
         config = ctx.config.views[st.view]
         n = config.validate_.sample if sample is None else sample
-        check = ViewCheck(st.view, "passed", 0 if st.recompute else n, negative.get(st.view, broken))
+        check = ViewCheck(st.view, Outcome.PASSED, 0 if st.recompute else n, negative.get(st.view, broken))
         for what, step, wanted in [("the sampled recomputation", sampled, n > 0 and not st.recompute),
                                    ("the view's expectations", _on_view, bool(config.validate_.expectations))]:
             if not wanted:
@@ -419,7 +419,7 @@ def check_views(ctx: RunContext, run_id: str, states: list[ViewState], tables: d
                 log.warning("validate: %s: %s could not run", st.view, what, exc_info=True)
                 check.problem = "; ".join(filter(None, [check.problem, f"{what} could not run: {one_line(e)}"]))
         if check.problem is not None:
-            check.status = "warned" if config.validate_.policy == "warn" else "failed"
+            check.status = Outcome.WARNED if config.validate_.policy == "warn" else Outcome.FAILED
         check.seconds = time.perf_counter() - started
         c = check.comparison
         ctx.catalog.save_validation(run_id, st.view, len(c.rows) if c else 0, check.mismatches,

@@ -63,6 +63,33 @@ class Kind(StrEnum):
     EXTRACTION = "extraction"
 
 
+class SubgoalKind(StrEnum):
+    """A subgoal of a rule as the counting algorithm reads it in a delta rule (000 Definition 4.1; one
+    rule per kind in `ivm.maintain.subgoals.RULES`)."""
+
+    #: a positive atom over a table, a view or an auxiliary predicate
+    ATOM = "atom"
+    #: a negated atom (000 §6.1)
+    NEGATION = "negation"
+    #: a GROUPBY subgoal (000 §6.2)
+    GROUPBY = "groupby"
+    #: a setof subgoal (001)
+    SETOF = "setof"
+    #: an atom over a nested collection's extraction function (002 §2.2)
+    EXTRACTION = "extraction"
+    #: an atom over a by-reference collection's owner index (002 §4.2)
+    OWNER_INDEX = "owner index"
+
+
+class ShortcutKind(StrEnum):
+    """How a delta rule takes a positive subgoal from the run's deltas (ivm.maintain.references)."""
+
+    #: a keyed table joined on its whole key, the key bound by the Δ subgoal
+    LOOKUP = "lookup"
+    #: a table whose foreign key references the Δ subgoal's key
+    REFERENCE = "reference"
+
+
 class RelationKind(StrEnum):
     """A relation the catalog records: a table, a view, or an auxiliary relation a view's maintenance
     stores (a GROUP BY state, an auxiliary view, an owner index)."""

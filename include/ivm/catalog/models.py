@@ -23,6 +23,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from ivm.vocabulary import RunStatus
+
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
@@ -229,7 +231,7 @@ class RunStage(Base):
     rows_out: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     delta_rows: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     seconds: Mapped[float | None] = mapped_column(Float, nullable=True)
-    status: Mapped[str] = mapped_column(String(16), default="succeeded")
+    status: Mapped[str] = mapped_column(String(16), default=RunStatus.SUCCEEDED)
     detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 

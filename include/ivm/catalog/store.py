@@ -169,7 +169,7 @@ class StageRecord:
     rows_out: int | None = None
     delta_rows: int | None = None
     seconds: float | None = None
-    status: str = "succeeded"
+    status: str = RunStatus.SUCCEEDED
     detail: dict[str, Any] = field(default_factory=dict)
 
 
@@ -447,7 +447,7 @@ class Catalog:
                                           f"since ({absorbed}); restore appends it again as a new commit")
                 s.delete(record)
             run_id = new_id(f"{action}-")
-            s.add(Run(id=run_id, kind=action, status="succeeded", snapshot={table: version}, relations=[table],
+            s.add(Run(id=run_id, kind=action, status=RunStatus.SUCCEEDED, snapshot={table: version}, relations=[table],
                       started_at=now, finished_at=now))
             s.add(RunStage(run_id=run_id, stage=action, relation=table, detail={"version": version, "reason": reason},
                            started_at=now))
@@ -482,13 +482,13 @@ class Catalog:
                 self.acquire_leases(run_id, leases, lease_timeout or timedelta(minutes=60))
             yield run_id
         except catch as e:
-            self.finish_run(run_id, "failed", failure + one_line(e), keep_leases=keep_leases)
+            self.finish_run(run_id, RunStatus.FAILED, failure + one_line(e), keep_leases=keep_leases)
             raise
 
     def start_run(self, run_id: str, kind: str, snapshot: dict[str, int] | None = None,
                   relations: Iterable[str] = (), mode: str | None = None) -> None:
         with self.session() as s:
-            s.add(Run(id=run_id, kind=kind, status="running", mode=mode, snapshot=snapshot or {},
+            s.add(Run(id=run_id, kind=kind, status=RunStatus.RUNNING, mode=mode, snapshot=snapshot or {},
                       relations=list(relations)))
 
     def finish_run(self, run_id: str, status: str, error: str | None = None, keep_leases: bool = False) -> None:
@@ -506,7 +506,7 @@ class Catalog:
         with self.session() as s:
             run = s.get(Run, run_id)
             s.execute(delete(RunStage).where(RunStage.run_id == run_id))
-            run.status, run.error, run.finished_at, run.started_at = "running", None, None, utcnow()
+            run.status, run.error, run.finished_at, run.started_at = RunStatus.RUNNING, None, None, utcnow()
             run.snapshot, run.relations, run.mode = snapshot, list(relations), mode
 
     def save_stage(self, run_id: str, record: StageRecord) -> None:
@@ -622,7 +622,7 @@ class Catalog:
 
     def publish(self, run_id: str, changes: Sequence[PublishChange],
                 watermarks: dict[tuple[str, str], int], stages: Sequence[StageRecord] = (),
-                status: str = "succeeded", consistent: dict[str, dict[tuple[str, str], int]] | None = None,
+                status: str = RunStatus.SUCCEEDED, consistent: dict[str, dict[tuple[str, str], int]] | None = None,
                 quarantined: Sequence[QuarantineRef] = ()) -> dict[str, int]:
         """The commit point: new versions of every changed relation, watermarks, and the run's outcome,
         in one transaction. Returns the new version number of each relation.

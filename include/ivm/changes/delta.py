@@ -193,10 +193,16 @@ def read_version(spark: SparkSession, path: str, schema: StructType) -> DataFram
                        for f in schema.fields], F.lit(1).cast("long").alias(COUNT_COLUMN))
 
 
-def earliest_version(name: str, where: str) -> int:
-    """The oldest Delta version of the table's history (its log's retention and VACUUM drop older ones,
-    and their change data feed with them), read by delta-rs."""
-    return min((int(c["version"]) for c in _table(where, name).history()), default=0)
+def history_gone(name: str, where: str, version: int) -> int | None:
+    """None while Delta version ``version`` of the table is in its history; once its log's retention or
+    VACUUM dropped it (and its change data feed with it), the oldest version left. delta-rs reads the
+    commits since ``version`` only (a history with a limit), not the whole log: a table changed every few
+    minutes keeps thousands of commits, and every trim and catch-up asks."""
+    t = _table(where, name)
+    current = t.version()
+    since = [int(c["version"]) for c in t.history(limit=max(1, current - version + 1))]
+    earliest = min(since, default=current)
+    return None if earliest <= version else earliest
 
 
 def changes(spark: SparkSession, name: str, table: TableConfig, where: str, after: int, upto: int,
@@ -205,8 +211,8 @@ def changes(spark: SparkSession, name: str, table: TableConfig, where: str, afte
     columns, ``_change_type``, ``_commit_version`` as ivm counts it, ``_seq`` ordering each commit's
     removals before its additions), but the commits of ``skip`` (quarantined: ivm's numbers). Raises
     ChangeDataError when those versions' feed is gone."""
-    earliest = earliest_version(name, where)
-    if after + 1 < earliest:
+    earliest = history_gone(name, where, after + 1)
+    if earliest is not None:
         raise ChangeDataError(
             f"table {name}: Delta versions {after + 1}..{upto} of {where} are needed but the table's history "
             f"starts at version {earliest} (log retention or VACUUM); use `ivm backfill --full` for the views "

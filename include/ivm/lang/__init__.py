@@ -9,7 +9,7 @@ from sqlglot.errors import ParseError
 
 from ivm.config import ProjectConfig
 from ivm.errors import ConfigError
-from ivm.ir import Atom, GroupBy, Literal, Predicate, Program, Rule, SetOf, column_names
+from ivm.ir import Atom, GroupBy, Predicate, Program, Rule, SetOf, Subgoal, column_names
 from ivm.lang.auxiliary_views import auxiliary_views
 from ivm.lang.datalog import parse_program
 from ivm.lang.nested import extraction_functions, owner_indexes, resolve_collections
@@ -59,7 +59,7 @@ def add_datalog_view(program: Program, view: str, rules: list[Rule]) -> None:
                                              "set", owner=view)
     for r in rules:
         for item in r.body:
-            atom = item.atom if isinstance(item, Literal | GroupBy | SetOf) else None
+            atom = item.atom if isinstance(item, Subgoal) else None
             if atom is None:
                 continue
             target = program.predicates.get(atom.pred)

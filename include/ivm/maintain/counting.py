@@ -44,18 +44,18 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from ivm.config import COUNT_COLUMN
-from ivm.ir import Atom, BodyItem, GroupBy, Literal, Program, SetOf, Var, Wildcard
+from ivm.ir import Atom, BodyItem, GroupBy, Literal, Program, SetOf, Subgoal, Var, Wildcard
 from ivm.lang.auxiliary_views import case1, set_changes_known
 from ivm.lang.nested import EXTRACTION, extractions
-from ivm.maintain import cream, nested, references
+from ivm.maintain import cream, nested, references, subgoals
 from ivm.maintain.delta_rules import DELTA, NEW, OLD, DeltaRule, delta_rules
 from ivm.maintain.dred import DRed, RuleChange
-from ivm.maintain.groupby import GroupByState, distinct_args, distinct_name, groupby_subgoals, state_name
+from ivm.maintain.groupby import GroupByState, distinct_args, distinct_name, groupby_subgoals
 from ivm.maintain.recompute import Evaluator, connected, join_order
 from ivm.maintain.states import RunStates
 from ivm.maintain.stats import MaintainStats
 from ivm.stratify import Component, Strata
-from ivm.vocabulary import Kind
+from ivm.vocabulary import Kind, ShortcutKind
 from ivm.zset import (
     anti_join,
     as_used,
@@ -82,7 +82,7 @@ def _uses(program: Program) -> dict[str, list[BodyItem]]:
     uses: dict[str, list[BodyItem]] = {}
     for rule in program.rules:
         for item in rule.body:
-            if isinstance(item, Literal | GroupBy | SetOf):
+            if isinstance(item, Subgoal):
                 uses.setdefault(item.atom.pred, []).append(item)
     return uses
 
@@ -210,6 +210,7 @@ class Counting:
         self.dred_stats: dict[Component, dict[str, int]] = {}
         #: tuples of each extraction function's delta in this run (002 §2.2: the changed elements)
         self.extraction_rows: dict[str, int] = {}
+        self._extracted: set[str] = set()
         #: what maintaining the current view did beyond its delta (`maintain_view` returns it)
         self.stats = MaintainStats()
         #: the keys each shortcut reads from storage in this run
@@ -221,8 +222,15 @@ class Counting:
     # -- states of a subgoal's predicate ---------------------------------------------------------------
 
     def changed(self, pred: str) -> bool:
-        if pred not in self.used_delta and self.program.predicates[pred].kind == EXTRACTION:
-            nested.extraction_delta(self, pred)
+        if pred not in self.used_delta and self.program.predicates[pred].kind == EXTRACTION \
+                and pred not in self._extracted:  # (002 §2.2's Δe_S, computed once a run)
+            self._extracted.add(pred)
+            extracted = nested.extraction_delta(self, pred)
+            if extracted is not None:
+                self.extraction_rows[pred] = extracted.elements
+            if extracted is not None and extracted.rows is not None:
+                self.states.delta_bytes[pred], self.states.delta_rows[pred] = extracted.bytes, extracted.elements
+                self.used_delta[pred] = extracted.rows
         return pred in self.used_delta
 
     def note_delta(self, pred: str, delta: DataFrame | None) -> None:
@@ -327,7 +335,7 @@ class Counting:
         for r, rule in enumerate(self.program.rules_for(pred)):
             ds = [(d, d.states.index(DELTA)) for d in delta_rules(rule)]
             ds = [(d, i) for d, i in ds if self.changed(d.rule.body[i].atom.pred)
-                  and not self.empty_groupby_delta(pred, r, i, d.rule.body[i])]
+                  and not subgoals.rule_for(self.program, d.rule.body[i]).empty(self, pred, r, i, d.rule.body[i])]
             shared = self.factored(pred, r, ds)
             terms += [shared] if shared is not None else [self.delta_rule(pred, r, d, i) for d, i in ds]
         if not terms:
@@ -340,22 +348,12 @@ class Counting:
         self.note_delta(pred, delta)
         return delta
 
-    def empty_groupby_delta(self, pred: str, r: int, i: int, item: BodyItem) -> bool:
-        """Whether Δ subgoal ``i`` of rule ``r`` is a GROUPBY subgoal whose Δ(T) is empty. Its state's
-        delta is computed and written before any term over it is planned (000 Algorithm 6.1), so its
-        emptiness is known then: the term of Definition 4.1 that starts from it joins nothing, and is
-        not planned (an aggregate view whose groups did not change writes no view delta: a Spark job
-        less, #49 item 3's "skip delta rules whose delta is empty before planning them")."""
-        if not isinstance(item, GroupBy):
-            return False
-        name = state_name(pred, r, i)
-        self.groupby_delta(name, item)
-        return name in self._unchanged_states
-
     def delta_rule(self, pred: str, r: int, d: DeltaRule, i: int) -> DataFrame:
         """One term of Definition 4.1 as a Spark plan, starting the joins from the Δ subgoal."""
-        probed = nested.probe_indexes(self, d, i, lambda j, item, state: self.subgoal(pred, r, j, item, state))
+        probed, ids = nested.probe_indexes(self, d, i, lambda j, item, state: self.subgoal(pred, r, j, item, state))
         taken = references.apply(self, d, i)
+        self.stats.probed_ids += ids
+        self.stats.from_deltas += len(taken)
         order = join_order(d.rule.body, i, set(range(len(d.rule.body))))
         subgoal, local = self.term_subgoals(pred, r, d, i, probed | taken, order, set(taken))
         df = self.ev.rule(d.rule, subgoal, lambda j, item, df: self.absent(item, df, d.states[j]), first=i)
@@ -397,22 +395,23 @@ class Counting:
         body = rule.body
 
         def plain(item: BodyItem) -> bool:  # a positive join the terms share or not, nothing else
-            if not isinstance(item, Literal):
-                return not isinstance(item, GroupBy | SetOf)
-            p = self.program.predicates[item.atom.pred]
-            return not (item.negated or item.null_safe or p.kind == EXTRACTION or p.role is not None)
+            entry = subgoals.rule_for(self.program, item)
+            if entry is None:  # a condition, an assignment, an unnest
+                return True
+            return entry.joins and not item.null_safe and self.program.predicates[item.atom.pred].role is None
 
         if not all(plain(item) for item in body):
             return None
         taken = [references.shortcuts(self.program, d, i) for d, i in ds]
         shared = {j for j, item in enumerate(body) if isinstance(item, Literal) and not self.changed(item.atom.pred)
-                  and all(t.get(j) is None or t[j].kind == "lookup" for t in taken)}
+                  and all(t.get(j) is None or t[j].kind is ShortcutKind.LOOKUP for t in taken)}
         inner = {j for j, item in enumerate(body) if isinstance(item, Literal)} - shared
         if not shared or not all(connected(body, join_order(body, i, inner)) for _, i in ds):
             return None
         parts = []
         for d, i in ds:
             probed = references.apply(self, d, i, inner)
+            self.stats.from_deltas += len(probed)
             order = join_order(body, i, inner)
             subgoal, local = self.term_subgoals(pred, r, d, i, probed, order, set(probed))
             df, _, _ = self.ev.joins(rule, subgoal, order)
@@ -428,23 +427,14 @@ class Counting:
 
     def subgoal(self, pred: str, r: int, j: int, item: BodyItem, state: str,
                 broadcast: bool = True) -> DataFrame | None:
-        """The relation body item ``j`` of rule ``r`` of ``pred`` joins at ``state`` (old, new or Δ);
-        None for a negated atom outside the Δ position (an anti-join, ``absent``). A small Δ is
-        broadcast into the joins unless ``broadcast`` is False (`term_subgoals`)."""
-        if isinstance(item, Literal):
-            if item.negated:  # Definition 6.1 in Δ position, else an anti-join
-                return self.negation_delta(item.atom) if state == DELTA else None
-            rows = self.ev.atom(item.atom, self.joined(item.atom.pred, state))
-            return F.broadcast(rows) if broadcast and state == DELTA and self.states.broadcastable(item.atom.pred) \
-                else rows
-        if isinstance(item, GroupBy):
-            if state == DELTA:
-                return self.groupby_delta(state_name(pred, r, j), item)
-            return self.ev.groupby(item, self.source(item.atom, state))
-        assert isinstance(item, SetOf)
+        """The relation body item ``j`` of rule ``r`` of ``pred`` joins at ``state`` (old, new or Δ), as its
+        kind's delta rule reads it (ivm.maintain.subgoals); None for a negated atom outside the Δ position
+        (an anti-join, ``absent``). A small Δ is broadcast into the joins unless ``broadcast`` is False
+        (`term_subgoals`)."""
+        rule = subgoals.RULES[subgoals.kind(self.program, item)]
         if state == DELTA:
-            return self.setof_delta(pred, r, j, item)
-        return self.ev.setof(item, self.source(item.atom, state))
+            return rule.delta(self, pred, r, j, item, broadcast)
+        return rule.state(self, pred, r, j, item, state)
 
     def absent(self, item: Literal, df: DataFrame, state: str) -> DataFrame:
         """``not quote(...)`` applied to ``df``: 000 §6.1 cases 1 and 2, Q̄ from the old Q after the Δ
@@ -468,6 +458,12 @@ class Counting:
         # the raw Δ(Q), not the set change: presence is judged on Q's own counts
         change = presence_change(old, delta, variables, self.states.small)
         return negate(change)
+
+    def groupby_unchanged(self, name: str, g: GroupBy) -> bool:
+        """Whether the GROUPBY state ``name``'s Δ(T) is empty in this run (computed and written first, as
+        000 Algorithm 6.1 does before any term over it is planned)."""
+        self.groupby_delta(name, g)
+        return name in self._unchanged_states
 
     def groupby_delta(self, name: str, g: GroupBy) -> DataFrame:
         """000 Algorithm 6.1: Δ(T) for the groups Δ(U) touches, from the stored state (written once, as

@@ -46,7 +46,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from ivm.config import COUNT_COLUMN
-from ivm.ir import Atom, BodyItem, GroupBy, Literal, Program, Rule, SetOf
+from ivm.ir import Atom, BodyItem, GroupBy, Literal, Program, Rule, SetOf, Subgoal
 from ivm.ir import aggregate_kind as kind
 from ivm.lang.auxiliary_views import RECOMPUTED, ROLE, set_changes_known
 from ivm.maintain.recompute import set_element
@@ -139,12 +139,12 @@ def tables_read(program: Program, view_preds: list[str], recursive: set[str]) ->
     out: dict[str, str] = {}
 
     def base(item: BodyItem) -> str | None:
-        atom = item.atom if isinstance(item, Literal | GroupBy | SetOf) else None
+        atom = item.atom if isinstance(item, Subgoal) else None
         return atom.pred if atom is not None and program.predicates[atom.pred].kind == Kind.BASE else None
 
     for pred in view_preds:
         for rule in program.rules_for(pred):
-            items = [i for i in rule.body if isinstance(i, Literal | GroupBy | SetOf)]
+            items = [i for i in rule.body if isinstance(i, Subgoal)]
             for item in items:
                 table = base(item)
                 if table is None:

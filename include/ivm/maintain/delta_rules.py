@@ -28,6 +28,7 @@ from ivm.ir import (
     Program,
     Rule,
     SetOf,
+    Subgoal,
     Unnest,
     Var,
     Wildcard,
@@ -65,7 +66,7 @@ def render_item(item, state: str | None, delta: str = "Δ") -> str:
 
 def delta_rules(rule: Rule) -> list[DeltaRule]:
     """000 Definition 4.1: one delta rule per subgoal (atom, negated atom or GROUPBY)."""
-    subgoals = [i for i, item in enumerate(rule.body) if isinstance(item, Literal | GroupBy | SetOf)]
+    subgoals = [i for i, item in enumerate(rule.body) if isinstance(item, Subgoal)]
     out = []
     for n, k in enumerate(subgoals):
         states = tuple(None if i not in subgoals else NEW if i < k else DELTA if i == k else OLD

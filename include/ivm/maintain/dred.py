@@ -36,7 +36,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from ivm.config import COUNT_COLUMN
-from ivm.ir import Atom, BodyItem, Expr, GroupBy, Literal, Program, Rule, SetOf, Var
+from ivm.ir import Atom, BodyItem, Expr, GroupBy, Literal, Program, Rule, SetOf, Subgoal, Var
 from ivm.maintain.delta_rules import DELTA, NEW, OLD, render_item
 from ivm.maintain.fixpoint import (
     Absent,
@@ -68,7 +68,7 @@ def dred_rules(program: Program, component: Component) -> list[dict[str, str]]:
     for p in component.predicates:
         closure = transitive_rule(program, p, component.predicates)
         for rule in program.rules_for(p) + ([closure] if closure else []):
-            subgoals = [i for i, item in enumerate(rule.body) if isinstance(item, Literal | GroupBy | SetOf)]
+            subgoals = [i for i, item in enumerate(rule.body) if isinstance(item, Subgoal)]
 
             def body(states: dict[int, str], mark: str, rule=rule) -> str:
                 return ", ".join(render_item(item, states.get(j), mark) for j, item in enumerate(rule.body))
@@ -219,7 +219,7 @@ class DRed:
         inside = recursive_positions(rule, self.preds)
         out = {}
         for j, item in enumerate(rule.body):
-            if j in inside or not isinstance(item, Literal | GroupBy | SetOf) or not self.c.changed(item.atom.pred):
+            if j in inside or not isinstance(item, Subgoal) or not self.c.changed(item.atom.pred):
                 continue
             if isinstance(item, Literal):
                 canon, names = _canonical(item.atom)

@@ -36,7 +36,7 @@ C = COUNT_COLUMN
 #: rounds a fixpoint may take before the refresh fails (per view: ``max_iterations`` in the project file)
 DEFAULT_MAX_ITERATIONS = 1000
 
-Subgoal = Callable[[int, BodyItem], DataFrame | None]
+SubgoalRows = Callable[[int, BodyItem], DataFrame | None]
 Absent = Callable[[int, Literal, DataFrame], DataFrame]
 
 
@@ -192,7 +192,7 @@ class Rounds:
 
 
 def seminaive_terms(ev, rule: Rule, preds: Collection[str], changed: Mapping[str, DataFrame],
-                    whole: Callable[[str], DataFrame], other: Subgoal, absent: Absent | None = None,
+                    whole: Callable[[str], DataFrame], other: SubgoalRows, absent: Absent | None = None,
                     skip: Collection[int] = (), lead: int | None = None) -> list[DataFrame]:
     """One semi-naive round of ``rule``: for every subgoal on a component predicate that changed in the
     previous round, the rule with that subgoal read from the change (the joins start there) and the

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pyspark.sql import DataFrame
@@ -60,42 +61,52 @@ PROBE_LIMIT = 10_000
 # -- maintenance: Δe (002 §2.2) and the owner-index probe (§4.3), for the counting algorithm ----------------
 
 
-def extraction_delta(c: DeltaContext, pred: str) -> None:
+@dataclass(frozen=True)
+class Extracted:
+    """Δe_S of one run (`extraction_delta`): its rows as the rules above read them (None: no element
+    changed), how many elements changed and their bytes."""
+
+    rows: DataFrame | None
+    elements: int
+    bytes: int
+
+
+def extraction_delta(c: DeltaContext, pred: str) -> Extracted | None:
     """002 §2.2's Δe_S: the parent's net delta, extracted and consolidated on e's columns, so each
     updated row contributes the multiset difference of its before- and after-arrays (an element that
     stayed cancels here, before any join). Kept in the run's scratch space, like e itself never
-    stored (only "the log of the view" is)."""
+    stored (only "the log of the view" is). None: the parent did not change."""
     [rule] = c.program.rules_for(pred)
     parent = rule.body[0].atom.pred
     if not c.changed(parent):
-        return
+        return None
     rows = c.ev.rule(rule, lambda j, item: c.ev.atom(item.atom, c.used(parent, DELTA)))
     delta = consolidate(rows, c.program.predicates[pred].columns)
     path, n, size = c.states.scratch.put(f"{pred}__delta", delta)
     log.info("%s: Δ from %s's delta: %d changed elements", pred, parent, n)
-    c.extraction_rows[pred] = n
-    if n:
-        c.states.delta_bytes[pred], c.states.delta_rows[pred] = size, n
-        rows = c.states.scratch.read([path], delta.schema)
-        c.used_delta[pred] = one_partition(rows) if c.states.small else rows
+    if not n:
+        return Extracted(None, 0, size)
+    rows = c.states.scratch.read([path], delta.schema)
+    return Extracted(one_partition(rows) if c.states.small else rows, n, size)
 
 
 def probe_indexes(c: DeltaContext, d: DeltaRule, i: int,
-                  subgoal: Callable[[int, BodyItem, str], DataFrame | None]) -> dict[int, DataFrame]:
+                  subgoal: Callable[[int, BodyItem, str], DataFrame | None]) -> tuple[dict[int, DataFrame], int]:
     """002 §4.3 step 2-1: the owner indexes a delta rule reaches from its Δ
     subgoal, each restricted to the collection ids bound so far: first the ids of the changed
     collections, then, a level up, the ids of the owners found. An index's base layer is sorted by
     the id, so the Parquet reader skips the row groups no probed id falls in. The ids of one level
     are collected on the driver (one small job; at most PROBE_LIMIT of them, beyond that the index
-    is joined whole)."""
+    is joined whole). Returns the probed indexes by body position and the ids that probed them."""
     body = d.rule.body
     todo = {j: x for j, x in enumerate(body) if j != i and isinstance(x, Literal) and not x.negated
             and c.program.predicates[x.atom.pred].role == INDEX}
     if not todo or not isinstance(body[i], Literal) or body[i].negated:
-        return {}
+        return {}, 0
     start = subgoal(i, body[i], DELTA)
     bound = {v: start for v in body[i].atom.variables()}
     probed: dict[int, DataFrame] = {}
+    ids_probed = 0
     while todo:
         ready = {}
         for j, lit in todo.items():
@@ -112,8 +123,8 @@ def probe_indexes(c: DeltaContext, d: DeltaRule, i: int,
             rows = c.ev.atom(lit.atom, c.joined(lit.atom.pred, d.states[j]))
             if len(ids) <= PROBE_LIMIT:
                 rows = rows.where(F.col(quote(var)).isin(ids))
-            c.stats.probed_ids += len(ids)
+            ids_probed += len(ids)
             log.info("%s: probed %s with %d collection ids", d.rule.head.pred, lit.atom.pred, len(ids))
             probed[j] = rows
             bound |= {v: rows for v in lit.atom.variables() if v not in bound}
-    return probed
+    return probed, ids_probed

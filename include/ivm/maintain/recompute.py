@@ -31,11 +31,13 @@ from ivm.ir import (
     Program,
     Rule,
     SetOf,
+    Subgoal,
     Unnest,
     Var,
     Wildcard,
 )
 from ivm.maintain import fixpoint
+from ivm.maintain.fixpoint import Absent, SubgoalRows
 from ivm.maintain.groupby import with_windows
 from ivm.storage import Scratch
 from ivm.stratify import Strata
@@ -43,8 +45,6 @@ from ivm.vocabulary import Kind
 from ivm.zset import anti_join, as_used, consolidate, expand, quote, union_all
 
 C = COUNT_COLUMN
-Subgoal = Callable[[int, BodyItem], DataFrame | None]
-Absent = Callable[[int, Literal, DataFrame], DataFrame]
 
 
 def set_element(s: SetOf) -> Column:
@@ -187,7 +187,7 @@ class Evaluator:
         """``not p(...)``: the tuples of ``df`` with no match in p."""
         return anti_join(df, self.atom(item.atom), item.null_safe)
 
-    def rule(self, rule: Rule, subgoal: Subgoal | None = None, absent: Absent | None = None,
+    def rule(self, rule: Rule, subgoal: SubgoalRows | None = None, absent: Absent | None = None,
              first: int | None = None, restrict_first: bool = False) -> DataFrame:
         """The Z-set of the rule's head: one derivation per combination of its positive subgoals.
 
@@ -202,7 +202,7 @@ class Evaluator:
         df, joined, lead = self.joins(rule, subgoal, join_order(rule.body, first), restrict_first=restrict_first)
         return self.finish(rule, df, joined, absent, lead)
 
-    def joins(self, rule: Rule, subgoal: Subgoal, order: list[int], df: DataFrame | None = None,
+    def joins(self, rule: Rule, subgoal: SubgoalRows, order: list[int], df: DataFrame | None = None,
               restrict_first: bool = False) -> tuple[DataFrame | None, set[int], set[str]]:
         """The joins of ``rule``'s subgoals in ``order`` (body indexes; other body items are skipped),
         onto ``df`` if given: (the joined relation, the body items joined, the variables bound by a
@@ -214,7 +214,7 @@ class Evaluator:
         lead: set[str] = set()  # variables bound by the restricting first item alone
         for i in order:
             item = rule.body[i]
-            if isinstance(item, Literal | GroupBy | SetOf):
+            if isinstance(item, Subgoal):
                 right = subgoal(i, item)
                 if right is not None:
                     start = df is None

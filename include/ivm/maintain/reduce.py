@@ -50,7 +50,7 @@ from pyspark.sql import functions as F
 
 from ivm.config import COUNT_COLUMN
 from ivm.ir import Atom, Condition, Const, Literal, Program, Rule, Var
-from ivm.maintain import recompute
+from ivm.maintain import recompute, subgoals
 from ivm.maintain.counting import presence_change
 from ivm.maintain.fixpoint import as_set
 from ivm.maintain.recompute import Evaluator, natural_join
@@ -91,7 +91,8 @@ def shape(program: Program, view: str) -> Shape | str:
     rule = rules[0]
     atoms, conditions = [], []
     for item in rule.body:
-        if isinstance(item, Literal) and not item.negated and program.predicates[item.atom.pred].kind == Kind.BASE:
+        entry = subgoals.rule_for(program, item)  # (the subgoal kinds' table: a plain join)
+        if entry is not None and entry.joins and program.predicates[item.atom.pred].kind == Kind.BASE:
             atoms.append(item.atom)
         elif isinstance(item, Condition):
             conditions.append(item)

@@ -38,7 +38,7 @@ from pyspark.sql import functions as F
 from ivm.config import COUNT_COLUMN
 from ivm.ir import Literal, Program, Var
 from ivm.maintain.delta_rules import DELTA, OLD, DeltaRule
-from ivm.vocabulary import Kind
+from ivm.vocabulary import Kind, ShortcutKind
 from ivm.zset import VALUES_ON_DRIVER, at_values, negate, quote, restrict, skipping_filter, union_all
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ def primary_key(program: Program, table: str) -> list[str]:
 class Shortcut:
     """One subgoal of a delta rule taken from the deltas (for the log and ``ivm explain``)."""
 
-    kind: str   # "lookup" | "reference"
+    kind: ShortcutKind
     table: str  # the subgoal's table (Y or S)
     via: str    # the Δ subgoal's table (ΔS or ΔR)
     #: (the subgoal's column, the Δ subgoal's column bound to the same variable)
@@ -70,7 +70,7 @@ class Shortcut:
 
     def __str__(self) -> str:
         cols = ", ".join(self.columns)
-        if self.kind == "lookup":
+        if self.kind is ShortcutKind.LOOKUP:
             return (f"{self.table} at the keys Δ{self.via} binds ({cols}): from Δ{self.table} where it holds "
                     f"the key, read for the others only")
         return (f"{self.table} at the keys of Δ{self.via} ({self.table}.{cols} references {self.via}): "
@@ -99,11 +99,11 @@ def shortcuts(program: Program, d: DeltaRule, i: int) -> dict[int, Shortcut]:
         at = {col: a.name for col, a in zip(sp.columns, item.atom.args, strict=True) if isinstance(a, Var)}
         key = primary_key(program, s)
         if key and all(at.get(col) in bound for col in key):
-            out[j] = Shortcut("lookup", s, r, tuple((col, bound[at[col]]) for col in key))
+            out[j] = Shortcut(ShortcutKind.LOOKUP, s, r, tuple((col, bound[at[col]]) for col in key))
             continue
         for fk, (target, tcol) in sp.references.items():
             if target == r and rkey == [tcol] and fk in at and bound.get(at[fk]) == tcol:
-                out[j] = Shortcut("reference", s, r, ((fk, tcol),))
+                out[j] = Shortcut(ShortcutKind.REFERENCE, s, r, ((fk, tcol),))
                 break
     return out
 
@@ -116,9 +116,8 @@ def apply(c: DeltaContext, d: DeltaRule, i: int, among: set[int] | None = None) 
         if among is not None and j not in among:
             continue
         state = d.states[j]
-        raw = _lookup(c, sc, state) if sc.kind == "lookup" else _reference(c, sc, state)
+        raw = _lookup(c, sc, state) if sc.kind is ShortcutKind.LOOKUP else _reference(c, sc, state)
         out[j] = c.ev.atom(d.rule.body[j].atom, raw)
-        c.stats.from_deltas += 1
         log.info("%s: %s", d.rule.head.pred, sc)
     return out
 

@@ -12,13 +12,12 @@ from typing import TYPE_CHECKING, Protocol
 
 from pyspark.sql import DataFrame
 
-from ivm.ir import Atom, BodyItem, Literal, Program
+from ivm.ir import Atom, BodyItem, GroupBy, Literal, Program, SetOf
 from ivm.storage import Scratch
 from ivm.zset import BROADCAST_BYTES, one_partition, small_change
 
 if TYPE_CHECKING:
     from ivm.maintain.recompute import Evaluator
-    from ivm.maintain.stats import MaintainStats
 
 
 @dataclasses.dataclass
@@ -121,21 +120,20 @@ class RunStates:
 
 
 class DeltaContext(Protocol):
-    """What a delta rule's evaluation reads and records in one run (000 Algorithm 4.1 over `RunStates`)."""
+    """What a delta rule's evaluation reads in one run (000 Algorithm 4.1 over `RunStates`): the modules
+    that evaluate a kind of subgoal (ivm.maintain.subgoals, nested, references) read it and return what
+    they computed; the counting algorithm records it (the run's deltas, its statistics)."""
 
     program: Program
     ev: Evaluator
     states: RunStates
     #: Δ of every predicate as the predicates above it use it; absent: unchanged in this run
     used_delta: dict[str, DataFrame]
-    #: the keys each shortcut (ivm.maintain.references) reads from storage in this run
+    #: the keys each shortcut (ivm.maintain.references) reads from storage in this run, found once whichever
+    #: rule asks first (a memo of the run's, the one thing those modules keep here)
     shortcut_keys: dict
     #: keys of a keyed table's net delta that are updates (both images), as its trim observed them
     updated_keys: dict[str, int]
-    #: tuples of each extraction function's delta in this run (002 §2.2: the changed elements)
-    extraction_rows: dict[str, int]
-    #: what maintaining the current view did beyond its delta
-    stats: MaintainStats
     schemas: Callable[[str], object]
 
     def changed(self, pred: str) -> bool: ...
@@ -144,8 +142,18 @@ class DeltaContext(Protocol):
 
     def joined(self, pred: str, state: str) -> DataFrame: ...
 
-    def subgoal(self, pred: str, r: int, j: int, item: BodyItem, state: str) -> DataFrame | None: ...
+    def subgoal(self, pred: str, r: int, j: int, item: BodyItem, state: str,
+                broadcast: bool = True) -> DataFrame | None: ...
 
     def absent(self, item: Literal, df: DataFrame, state: str) -> DataFrame: ...
 
     def negation_delta(self, atom: Atom) -> DataFrame: ...
+
+    def groupby_delta(self, name: str, g: GroupBy) -> DataFrame: ...
+
+    def groupby_unchanged(self, name: str, g: GroupBy) -> bool: ...
+
+    def setof_delta(self, pred: str, r: int | str, j: int, s: SetOf) -> DataFrame: ...
+
+    def source(self, atom: Atom, state: str, groups: DataFrame | None = None,
+               group_vars: list[str] | None = None) -> DataFrame: ...

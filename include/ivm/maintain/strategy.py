@@ -39,13 +39,11 @@ from pyspark.sql import functions as F
 from ivm.analysis import Decision, analyse
 from ivm.config import COUNT_COLUMN, ProjectConfig, ViewConfig
 from ivm.errors import ConfigError
-from ivm.ir import Condition, Literal, Program, SetOf, Var
-from ivm.lang.auxiliary_views import ROLE, case1, set_changes_known
-from ivm.maintain import keyed, reduce
+from ivm.ir import Condition, Literal, Program, Var
+from ivm.maintain import keyed, reduce, subgoals
 from ivm.maintain.count_free import CountFree
 from ivm.maintain.counting import Counting, view_predicates
 from ivm.maintain.fixpoint import as_set
-from ivm.maintain.groupby import describe, groupby_subgoals
 from ivm.stratify import Strata
 from ivm.vocabulary import Form, Kind, StrategyName
 from ivm.zset import change_sizes, consolidate
@@ -217,28 +215,7 @@ class CountingStrategy(Strategy):
         if sets:
             reasons.append(f"set semantics ({', '.join(sets)}): derivation counts are kept, but only changes of the "
                            "set propagate upward (000 Algorithm 4.1 statement (2), §5.1)")
-        rules = [r for p in preds for r in program.rules_for(p)]
-        if any(isinstance(i, Literal) and i.negated for r in rules for i in r.body):
-            reasons.append("negation (NOT EXISTS, NOT IN, EXCEPT, outer-join padding): Δ(¬q) by 000 Definition "
-                           "6.1, anti-joins against Qᵛ before the Δ subgoal and Q after it (Lemma 6.1)")
-        for p in preds:
-            for name, _, g in groupby_subgoals(program, p):
-                reasons.append(f"aggregation ({g}): 000 Algorithm 6.1 with the stored state {name}:")
-                reasons += [f"  {describe(a)}" for a in g.aggregates]
-        for r in rules:
-            for item in (i for i in r.body if isinstance(i, SetOf)):
-                if program.predicates[item.atom.pred].role == ROLE:
-                    reasons.append(f"{item}: CReaM (001 Figure 1): the auxiliary view {item.atom.pred} keeps every "
-                                   "variable of φ, Δ1–Δ6 maintain it from φ⁺/φ⁻ alone, and the view counts its "
-                                   "derivations from v_a⁺/v_a⁻")
-                elif case1(program, r, item):
-                    reasons.append(f"{item}: 001 §3 Case 1: the view holds every outer variable, so it is its own "
-                                   "v_a; Δ1–Δ6 over its stored sets and φ's set changes")
-                elif set_changes_known(program, item):
-                    reasons.append(f"{item}: Δ1–Δ6 (001 §3) over {item.atom.pred}, which serves as v_a")
-                else:
-                    reasons.append(f"{item}: no auxiliary view (auxiliary_views: false): each touched group's set "
-                                   "is re-read from φ before and after the change (001 §3, Γ1–Γ6)")
+        reasons += subgoals.explain_lines(program, preds)  # what each subgoal kind's delta rule does
         algorithm = ("DRed" if len(components) == len(preds) else "DRed + counting") if components else "counting"
         return algorithm, reasons
 

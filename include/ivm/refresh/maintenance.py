@@ -5,6 +5,7 @@ as the plan decided (ivm.refresh.plan). Each view's new layers are staged in the
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 
@@ -180,7 +181,7 @@ class Maintenance:
         feed = delta.changes(ctx.spark, name, table, where, after, upto, skip)
         return trim(name, table, feed, states.read(name, [delta.layer_path(where, after)]) if table.verified else None)
 
-    def reweigh(self, work: ViewWork) -> None:
+    def reweigh(self, work: ViewWork) -> ViewWork:
         """A view the crossover planned to recompute (``--mode auto``: its measured costs against the
         change the plan saw, the log's rows) weighed again on its inputs' net deltas, which the trim has
         given since: maintained incrementally when they say so — an empty net delta (a change and its
@@ -188,37 +189,40 @@ class Maintenance:
         net = sum(t.delta_rows for t in self.plan.tables if t.table in work.changed_inputs)
         estimate = view_crossover(self.ctx, work.view, net)
         if net and estimate.full:
-            return
-        work.mode, work.reason = Mode.INCREMENTAL, (
+            return work
+        return dataclasses.replace(work, mode=Mode.INCREMENTAL, reason=(
             f"auto: the net deltas of its inputs hold {net} rows: {estimate.why}" if net else
-            "auto: the net deltas of its inputs are empty (the plan's estimate was for the log's rows)")
-        work.choice = {**work.choice, "crossover": estimate.as_dict()}
+            "auto: the net deltas of its inputs are empty (the plan's estimate was for the log's rows)"),
+            choice={**work.choice, "crossover": estimate.as_dict()})
 
-    def maintain(self, work: ViewWork, progress: Progress) -> None:
-        """One view: its strategy's maintenance (ivm.maintain.strategy) or a full recompute."""
+    def maintain(self, work: ViewWork, progress: Progress) -> ViewWork:
+        """One view: its strategy's maintenance (ivm.maintain.strategy) or a full recompute. Returns the
+        view's work as done (its mode, rows and layers), maintained: a new value, ``work`` as it was."""
         ctx, full = self.ctx, self.full
         states, counting, count_free = ((self.states, self.counting, self.count_free) if work.catch_up is None
                                         else self.behind(work.view, work.catch_up))
         program, strata = ctx.program
         started = time.perf_counter()
         self.written.clear()
-        work.delta_in = sum(t.delta_rows for t in self.plan.tables if t.table in work.changed_inputs)
+        work = dataclasses.replace(work, delta_in=sum(t.delta_rows for t in self.plan.tables
+                                                      if t.table in work.changed_inputs))
         if work.rule_change is not None:
             counting.rule_changes |= dict.fromkeys(view_predicates(program, strata, work.view), work.rule_change)
         elif work.mode is Mode.FULL and (work.choice or {}).get("crossover"):
-            self.reweigh(work)  # (the crossover planned on the log's rows; the trim has given the net deltas)
+            work = self.reweigh(work)  # (the crossover planned on the log's rows; the trim has given the net deltas)
         if (work.rule_change is None and work.mode is Mode.INCREMENTAL
                 and not any(counting.changed(u) for u in strata.upstream(work.view))):
-            work.mode, work.reason = Mode.NOOP, "the net deltas of its inputs are empty or cancel out"
+            work = dataclasses.replace(work, mode=Mode.NOOP, maintained=True,
+                                       reason="the net deltas of its inputs are empty or cancel out")
             progress(f"maintain: {work.view}: nothing to do, {work.reason}")
-            return
+            return work
         strategy = lookup(work.strategy)
         if work.mode is Mode.INCREMENTAL:
             cfg = ctx.config.views[work.view]
             outcome = strategy.maintain(counting, count_free, work.view, cfg, work.upstream)
             own = self.written.get(work.view)
-            work.rows_changed = work.rows = own.rows if own else 0
-            work.detail = dict(outcome.detail)
+            changed = own.rows if own else 0
+            work = dataclasses.replace(work, rows_changed=changed, rows=changed, detail=dict(outcome.detail))
             how = (f"{strategy.describe(program, strata, work.view, cfg)}, {work.rows_changed} tuples changed"
                    f"{outcome.said}")
         else:
@@ -242,14 +246,16 @@ class Maintenance:
                 elif name in ctx.relations.groupby_states:  # T of its GROUPBY subgoal, as the state holds it
                     st = ctx.relations.groupby_states[name]
                     full.groupby_tables[st.subgoal] = st.finalize(states.new(name))
-            work.rows = self.written[work.view].rows
+            work = dataclasses.replace(work, rows=self.written[work.view].rows)
             how = f"full recompute ({work.reason}), {work.rows} rows"
             self.difference(work.view)
-        work.layers = {r: self.written[r] for r in ctx.stored_relations(work.view) if r in self.written}
+        work = dataclasses.replace(work, layers={r: self.written[r] for r in ctx.stored_relations(work.view)
+                                                 if r in self.written}, maintained=True)
         if work.catch_up is not None:  # the views above read its delta from the run's own states
             self.absorb(work)
-        work.seconds = time.perf_counter() - started
+        work = dataclasses.replace(work, seconds=time.perf_counter() - started)
         progress(f"maintain: {work.view} (stratum {work.stratum}): {how} ({work.seconds:.2f} s)")
+        return work
 
 
 def maintain_stage(ctx: RunContext, run_id: str, views: list[str] | None = None,
@@ -269,17 +275,22 @@ def maintain_stage(ctx: RunContext, run_id: str, views: list[str] | None = None,
             raise RunError(f"run {run_id}: {w.view} reads {below[0]}, which is not maintained yet")
     if not todo:
         return []
-    for w in todo:  # a retried stage starts from what the stages before it staged, not from its own attempt
-        w.maintained, w.layers, w.detail = False, {}, {}
-        w.mode, w.reason = w.planned or (w.mode, w.reason)
+    # a retried stage starts from what the stages before it staged, not from its own attempt
+    names = {w.view for w in todo}
+    p.views = [w.as_planned() if w.view in names else w for w in p.views]
     scratch = Scratch(ctx.warehouse, ctx.spark, f"{run_id}/{'+'.join(w.view for w in todo)[:100]}")
     m = Maintenance(ctx, p, scratch)
-    for work in todo:
+    done = []
+    for i, work in enumerate(p.views):
+        if work.view not in names:
+            continue
         # a small run's incremental maintenance without adaptive execution (ivm.spark.adaptive); a full
         # recompute keeps it. Decided as the view starts: should its derived deltas outgrow the limit (a
         # fan-out), the rest of the view runs the distributed plan without it, as planned statically
         with adaptive(ctx.spark, not (work.mode is Mode.INCREMENTAL and m.states.small)):
-            m.maintain(work, progress)  # (what it wrote is visible to the views above it through m already)
-        work.maintained = True
+            # (what it wrote is visible to the views above it through m already; the plan holds it as done,
+            # for the views above that ask whether it was maintained: `Maintenance.difference`)
+            p.views[i] = work = m.maintain(work, progress)
         ctx.catalog.save_stage(run_id, work.maintain_record())
-    return todo
+        done.append(work)
+    return done

@@ -340,7 +340,7 @@ def catch_up(ctx: RunContext, view: str, points: Callable[[], list] | None = Non
         if state is None:
             return f"the state of {r} at its pointer (run {run.id}) was garbage-collected (storage.retention_hours)"
         at = [delta.parse_layer_path(x.path) for x in state.layers]
-        if at and at[0] is not None and delta.earliest_version(r, at[0][0]) > at[0][1] + 1:
+        if at and at[0] is not None and delta.history_gone(r, at[0][0], at[0][1] + 1) is not None:
             return (f"the change data feed of the Delta source {r} after Delta version {at[0][1]}, its pointer, "
                     f"is gone (log retention or VACUUM of {at[0][0]})")
         layers[r] = [layer_json(x, r) for x in state.layers]

@@ -64,7 +64,7 @@ def publish_stage(ctx: RunContext, run_id: str, progress: Progress = lambda _: N
         tables = ctx.base_tables(view)
         if all(t in p.snapshot for t in tables):
             consistent |= dict.fromkeys(ctx.stored_relations(view), {(view, t): p.snapshot[t] for t in tables})
-    status = "succeeded" if p.tables or p.views else "noop"
+    status = RunStatus.SUCCEEDED if p.tables or p.views else RunStatus.NOOP
     ctx.catalog.publish(run_id, changes, watermarks, status=status, consistent=consistent,
                         quarantined=[q for t in p.tables for q in t.quarantined])
     seconds = time.perf_counter() - started
@@ -113,7 +113,7 @@ def catch_up_sinks(ctx: RunContext, snapshot: dict[str, int], progress: Progress
     run_id = new_id("sink-")
     with ctx.catalog.run(run_id, "sink", snapshot, lagging):
         sinks.write_views(ctx, run_id, [(v, None, None, True) for v in lagging], progress)
-    ctx.catalog.finish_run(run_id, "succeeded")
+    ctx.catalog.finish_run(run_id, RunStatus.SUCCEEDED)
 
 
 def _grown(ctx: RunContext, run_id: str) -> list[str]:

@@ -9,13 +9,14 @@ True
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
 from ivm.catalog.store import LayerRef, QuarantineRef, StageRecord, WrittenLayer
 from ivm.maintain.dred import RuleChange
 from ivm.modes import Mode
-from ivm.vocabulary import StageName, StrategyName
+from ivm.vocabulary import RunStatus, StageName, StrategyName
 
 
 def layer_json(layer: WrittenLayer | LayerRef, relation: str | None = None) -> dict[str, Any]:
@@ -59,7 +60,7 @@ class TableDelta:
     def trim_record(self) -> StageRecord:
         """What the trim stage records of the table."""
         return StageRecord(StageName.TRIM, self.table, mode=Mode.INCREMENTAL, rows_in=self.log_rows,
-                           delta_rows=self.delta_rows, seconds=round(self.seconds, 3), status="staged",
+                           delta_rows=self.delta_rows, seconds=round(self.seconds, 3), status=RunStatus.STAGED,
                            detail={"from_version": self.from_version, "to_version": self.to_version,
                                    "layer": layer_json(self.layer) if self.layer else None,
                                    "updated_keys": self.updated_keys,
@@ -127,23 +128,28 @@ class ViewWork:
                    choice=d.get("choice"),
                    catch_up=CatchUp(**d["catch_up"]) if d.get("catch_up") else None)
 
+    def as_planned(self) -> ViewWork:
+        """The view's work as the plan left it, nothing maintained: a retried maintain stage starts from
+        it, not from its own attempt."""
+        mode, reason = self.planned or (self.mode, self.reason)
+        return dataclasses.replace(self, mode=mode, reason=reason, maintained=False, layers={}, detail={})
+
     def maintain_record(self) -> StageRecord:
         """What the maintain stage records of the view."""
         return StageRecord(StageName.MAINTAIN, self.view, mode=self.mode, rows_in=self.delta_in, rows_out=self.rows,
-                           delta_rows=self.rows_changed, seconds=round(self.seconds, 3), status="staged",
+                           delta_rows=self.rows_changed, seconds=round(self.seconds, 3), status=RunStatus.STAGED,
                            detail={"stratum": self.stratum, "reason": self.reason, "relations": sorted(self.layers),
                                    "strategy": self.strategy, "choice": self.choice,
                                    "layers": {n: layer_json(x) for n, x in self.layers.items()},
                                    "algorithm": self.detail, **self.detail})
 
-    def absorb_maintain(self, r: StageRecord) -> None:
-        """The view as the maintain stage's record ``r`` left it."""
-        self.mode = Mode(r.mode) if r.mode else self.mode
-        self.reason, self.delta_in = r.detail.get("reason", self.reason), r.rows_in or 0
-        self.rows, self.rows_changed, self.seconds = r.rows_out, r.delta_rows, r.seconds or 0.0
-        self.detail = dict(r.detail.get("algorithm", {}))
-        self.layers = {name: layer_from_json(x) for name, x in r.detail.get("layers", {}).items()}
-        self.maintained = True
+    def maintained_as(self, r: StageRecord) -> ViewWork:
+        """The view as the maintain stage's record ``r`` left it (a new value)."""
+        return dataclasses.replace(
+            self, mode=Mode(r.mode) if r.mode else self.mode, reason=r.detail.get("reason", self.reason),
+            delta_in=r.rows_in or 0, rows=r.rows_out, rows_changed=r.delta_rows, seconds=r.seconds or 0.0,
+            detail=dict(r.detail.get("algorithm", {})),
+            layers={name: layer_from_json(x) for name, x in r.detail.get("layers", {}).items()}, maintained=True)
 
 
 @dataclass
@@ -216,7 +222,7 @@ class Plan:
         for v in d["views"]:
             work = ViewWork.from_json(v)
             if work.view in maintained:
-                work.absorb_maintain(maintained[work.view])
+                work = work.maintained_as(maintained[work.view])
             p.views.append(work)
         return p, d["versions"], d["views"]
 

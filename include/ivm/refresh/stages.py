@@ -20,6 +20,7 @@ from tabulate import tabulate
 
 from ivm.context import RunContext
 from ivm.errors import ConfigError
+from ivm.expectations import import_ahead
 from ivm.modes import Mode
 from ivm.refresh import publish
 from ivm.refresh.maintenance import maintain_stage
@@ -178,11 +179,13 @@ def refresh(ctx: RunContext, progress: Progress = lambda _: None, views: list[st
         progress("plan: " + ("" if p.cancelled else "no table has changes past its watermark and ")
                  + "every view is current; nothing to refresh")
         publish.catch_up_sinks(ctx, p.snapshot, progress)
-        return RefreshResult(None, "noop", p.snapshot, [], time.perf_counter() - started)
+        return RefreshResult(None, RunStatus.NOOP, p.snapshot, [], time.perf_counter() - started)
     progress(f"plan: run {p.run_id}, snapshot " + ", ".join(f"{t}@{v}" for t, v in p.snapshot.items())
              + f"; {len(p.tables)} tables and {len(p.views)} views to refresh"
              + (f"; replay from commit version {p.replay.from_version}: the state after run {p.replay.run_id} "
                 "(" + ", ".join(f"{t}@{v}" for t, v in p.replay.snapshot.items()) + ")" if p.replay else ""))
+    if any(checked(ctx, w) for w in p.views):
+        import_ahead()  # Great Expectations, for the validate stage, while the run trims and maintains
     if not ctx.spark_started:  # start Spark outside the stage timings
         t0 = time.perf_counter()
         _ = ctx.spark

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from ivm.catalog.store import StageRecord
 from ivm.context import RunContext
 from ivm.errors import ValidationError
+from ivm.expectations import import_ahead
 from ivm.maintain.strategy import stored_form
 from ivm.modes import Mode
 from ivm.refresh.plan import load_plan, old_layers
@@ -36,6 +37,8 @@ def validate_stage(ctx: RunContext, run_id: str, progress: Progress = lambda _: 
     stops the publish (nothing is applied) unless its policy is ``warn``. ``sample`` overrides the views'
     ``validate.sample``. Returns the views with problems and what they are."""
     p, _ = load_plan(ctx, run_id)
+    if any(checked(ctx, w) for w in p.views):
+        import_ahead()  # (while the samples are recomputed; `ivm refresh` started it after its plan)
     states = []
     for work in p.views:
         if not checked(ctx, work):
