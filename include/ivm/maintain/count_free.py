@@ -47,5 +47,4 @@ class CountFree:
     def write(self, view: str, delta: DataFrame | None) -> None:
         """The view's change as its delta layer; a set change already, so the views above use it as it is."""
         written = self.states.put_delta(view, delta) if delta is not None else None
-        if written is not None:
-            self.counting.used_delta[view] = written
+        self.counting.note_delta(view, written, set_change=True)

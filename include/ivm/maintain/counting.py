@@ -233,14 +233,15 @@ class Counting:
                 self.used_delta[pred] = extracted.rows
         return pred in self.used_delta
 
-    def note_delta(self, pred: str, delta: DataFrame | None) -> None:
+    def note_delta(self, pred: str, delta: DataFrame | None, set_change: bool = False) -> None:
         """Record Δ(pred) (a base table's net delta, or a predicate's written delta layer) as the
-        predicates above it will use it."""
+        predicates above it will use it; ``set_change``: it is one already (a count-free strategy's
+        view, ±1 a tuple)."""
         if delta is None:
             return
         p = self.program.predicates[pred]
         # 000 Algorithm 4.1 statement (2): only set changes propagate upward
-        if p.semantics == "set" and not self.set_changes(pred):
+        if p.semantics == "set" and not set_change and not self.set_changes(pred):
             path, rows, _ = self.states.scratch.put(f"{pred}__set_change",
                                                     presence_change(self.states.old(pred), delta, list(p.columns),
                                                                     self.states.small))
