@@ -6,6 +6,7 @@ final; a refresh of some views does not lose the others' deltas."""
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -242,8 +243,9 @@ def test_views_compacted_while_they_lag_catch_up_without_a_recompute(make_projec
         if n == 2:
             assert p.refresh(["r_only"]).tables
             lagging = sorted({r for v in ("rs", "rs_max", "r_set") for r in p.stored_relations(v)})
-            compacted = {c.relation for c in p.compact(lagging, force=True)}
-            assert {"rs", "rs_max", "r_set"} <= compacted and any(r.startswith("rs_max") and r != "rs_max"
+            # (and r: their catch-up reads its log since their pointer, #71 item 2)
+            compacted = {c.relation for c in p.compact([*lagging, "r"], force=True)}
+            assert {"rs", "rs_max", "r_set", "r"} <= compacted and any(r.startswith("rs_max") and r != "rs_max"
                                                                   for r in compacted), compacted
             continue
         works = p.refresh().views
@@ -307,20 +309,24 @@ def test_a_run_re_run_after_a_failed_publish(setup, monkeypatch):
     assert zset(p, "t") == Counter({("a", 1): 1, ("a", 2): 1, ("a", 5): 1, ("b", 3): 2})
 
 
-def test_refreshing_some_views_keeps_the_others_correct(setup, tmp_path):
+def test_refreshing_some_views_keeps_the_others_correct(setup, tmp_path, caplog):
     """A refresh of per_k trims only t; joined, which also reads t, and big, which reads per_k, catch up
     on their next refresh from their own pointers (#48, item 1: the states the run before published, and
     t's and per_k's changes since), incrementally, and end equal to the full recomputation; twice over,
-    the second time with per_k compacted in between (its changes since are then its new state minus the
-    old one). Once `ivm gc` has dropped the state at a view's pointer, the view is recomputed and the
-    run says why."""
+    the second time with per_k and t compacted in between (per_k's changes since are then its new state
+    minus the old one; t's, its log since the pointer, trimmed: #71 item 2, 002 §3(b)). Once `ivm gc` has
+    dropped the state at a view's pointer, the view is recomputed and the run says why."""
     p, _ = setup
     for n, compact in enumerate([False, True]):
         result = p.refresh(["per_k"])
         assert [t.table for t in result.tables] == ["t"] and [v.view for v in result.views] == ["per_k"]
         if compact:
             p.compact(["per_k", "t"], force=True)
-        result = p.refresh()
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="ivm.refresh.maintenance"):
+            result = p.refresh()
+        from_log = [m for m in caplog.messages if m.startswith("t: catching up from commit version")]
+        assert bool(from_log) == compact, caplog.messages  # (each view that reads t and lags)
         modes = {v.view: (v.mode, v.reason) for v in result.views}
         assert modes["joined"][0] == modes["big"][0] == "incremental", modes
         assert "catches up from its own pointer, the state run " in modes["joined"][1]

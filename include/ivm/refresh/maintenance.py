@@ -6,6 +6,8 @@ as the plan decided (ivm.refresh.plan). Each view's new layers are staged in the
 from __future__ import annotations
 
 import dataclasses
+import functools
+import logging
 import time
 from collections.abc import Callable
 
@@ -24,12 +26,14 @@ from ivm.maintain.strategy import lookup
 from ivm.modes import Mode
 from ivm.refresh.plan import load_plan, old_layer_refs, view_crossover
 from ivm.refresh.record import CatchUp, Plan, ViewWork
+from ivm.refresh.trim import log_net_delta
 from ivm.spark import adaptive
 from ivm.storage import Scratch
 from ivm.vocabulary import Kind
 from ivm.zset import as_used, consolidate, difference
 
 Progress = Callable[[str], None]
+log = logging.getLogger(__name__)
 
 
 class Maintenance:
@@ -135,39 +139,71 @@ class Maintenance:
         """For a view that catches up from its own pointer (#48, item 1; `ivm.refresh.plan.catch_up`):
         the run's states, but each relation the view reads that moved since at its state there (the
         layers the catch-up names) with its changes since as its delta — its layers published after those
-        and this run's delta, consolidated into one layer (or, when it was compacted or recomputed since,
-        its new state minus that one). The counting algorithm over them maintains the view as it
+        and this run's delta, consolidated into one layer; a table compacted since, its log since the
+        view's pointer, trimmed (002 §3(b)); a view compacted or recomputed since, its new state minus
+        that one). The counting algorithm over them maintains the view as it
         maintains one that never fell behind: 000 Algorithm 4.1 needs the states the view was computed
         from and their changes, whichever run applied them."""
         ctx, main = self.ctx, self.states
         program, strata = ctx.program
         at: dict[str, tuple[list[str], int | None]] = {}
         since: dict[str, tuple[str, int, int]] = {}
+        # the run whose state the view holds: its snapshot is the view's pointer into each log (read once, if)
+        pointer = functools.cache(lambda: ctx.catalog.get_run(catch_up.run_id))
         for r, refs in catch_up.layers.items():
             ids, paths = {x["id"] for x in refs}, [x["path"] for x in refs]
+            rows = None if any(x.get("rows") is None for x in refs) else sum(x["rows"] for x in refs)
             published = self.old.get(r, [])
             source = delta.parse_layer_path(paths[0]) if len(paths) == 1 else None
             net = None
             if source is not None:  # a Delta source: its feed since the view's pointer, 002 §3's trim of a log
                 net = self._feed_since(r, source, main)
                 change = net.delta
-            elif r in main.replaced or not ids <= {x.id for x in published}:
-                change = difference(main.new(r), main.read(r, paths))
-            else:
+            elif r not in main.replaced and ids <= {x.id for x in published}:
                 later = [x.path for x in published if x.id not in ids]
                 change = consolidate(main.read(r, later + ([main.delta_paths[r]] if r in main.delta_paths else [])))
-            path, rows, size = main.scratch.put(f"{r}__since_{view}", change)
+            elif (after := self._pointer(r, pointer())) is not None:
+                # a table compacted since: its log since the view's pointer (002 §3(b))
+                net = self._log_since(r, after, paths, rows or 0)
+                change = net.delta
+            else:  # a view (or a table replaced) since: its new state less the one the view holds
+                change = difference(main.new(r), main.read(r, paths))
+            path, n, size = main.scratch.put(f"{r}__since_{view}", change)
             if net is not None:
                 net.check()  # (a bad change refuses the run: nothing is published)
-            at[r] = paths, None if any(x.get("rows") is None for x in refs) else sum(x["rows"] for x in refs)
-            if rows:
-                since[r] = path, size, rows
+            at[r] = paths, rows
+            if n:
+                since[r] = path, size, n
         states = main.behind(at, since)
         counting = Counting(program, strata, states, ctx.relations.groupby_states, ctx.schema, ctx.max_iterations,
                             {t: n for t, n in self.counting.updated_keys.items() if t not in catch_up.layers})
         for name in sorted(set(states.delta_paths) & strata.upstream(view)):
             counting.note_delta(name, states.delta(name))
         return states, counting, CountFree(program, strata, counting)
+
+    def _pointer(self, name: str, run) -> int | None:
+        """The commit version of table ``name`` the view that fell behind holds (its restore point's
+        snapshot), when its log since then is the way to its change: an ivm table this run did not
+        replace, the restore point's version and this run's known. None: read the states instead."""
+        if name not in self.ctx.config.tables or self.ctx.source_location(name) is not None \
+                or name in self.states.replaced or run is None:
+            return None
+        after, upto = (run.snapshot or {}).get(name), self.plan.snapshot.get(name)
+        return after if after is not None and upto is not None and after < upto else None
+
+    def _log_since(self, name: str, after: int, paths: list[str], rows: int) -> NetDelta:
+        """A table's net change from the commit version a view that fell behind holds (``after``; its
+        state there: the layers ``paths``, ``rows`` rows) to the run's snapshot, from its log segments
+        (`ivm gc` keeps them until every reader's watermark has passed them): 002 §3(b)'s catch-up in time
+        proportional to the log, where the difference of two states reads the whole table twice (it
+        was compacted since: the layers it held are not a prefix of its layers now)."""
+        ctx = self.ctx
+        upto = self.plan.snapshot[name]
+        skip = {q.commit_version for q in ctx.catalog.quarantined(name)}
+        segments = ctx.catalog.segments(name, after, upto)
+        log.info("%s: catching up from commit version %d to %d from %d log segments", name, after, upto,
+                 len(segments))
+        return log_net_delta(ctx, name, segments, after, upto, paths, rows, skip)
 
     def _feed_since(self, name: str, pointer: tuple[str, int], states: RunStates) -> NetDelta:
         """A Delta source's net change from the version a view that fell behind holds (``pointer``: the

@@ -5,12 +5,12 @@ difference between the table's published and restored states."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 
 from pyspark.util import inheritable_thread_target
 
-from ivm.catalog.store import QuarantineRef, WrittenLayer
+from ivm.catalog.store import QuarantineRef, SegmentRef, WrittenLayer
 from ivm.changes import delta
 from ivm.changes.ingest import has_update_images, log_keys, read_log
 from ivm.changes.trim import NetDelta, log_bounds, trim
@@ -89,37 +89,43 @@ def _stage_skipping(ctx: RunContext, run_id: str, item: TableDelta, skip: set[in
             skip.add(e.version)
 
 
+def log_net_delta(ctx: RunContext, name: str, segments: list[SegmentRef], after: int, upto: int, paths: list[str],
+                  rows: int, skipped: Collection[int]) -> NetDelta:
+    """002 §3: the net delta of the table's log over commit versions (``after``, ``upto``] (its
+    ``segments``, but the commits ``skipped``), checked against its state at ``after`` (the layers
+    ``paths``, ``rows`` rows in all): the work of time proportional to the log, not to the table."""
+    table, spark = ctx.config.tables[name], ctx.spark
+    log_rows = sum(s.rows for s in segments)
+    small = log_rows > 0 and small_change(log_rows, ctx.config.spark.single_partition_rows)
+    changes = read_log(spark, table, segments, after, upto, skipped)
+    current = ctx.warehouse.read_layers(spark, paths, ctx.schema(name))
+    # (the range's truncates, as the catalog recorded them: the table is then read whole)
+    truncates = sorted(t for s in segments for t in s.truncates_in(after, upto, skipped))
+    # a small change's keys read on the driver: the stored rows found at them by an IN list
+    keys = log_keys(ctx.warehouse, table, segments, after, upto, skipped) if small and not truncates else None
+    # where the range's keys fall, as its segments recorded when they were appended (all of them, or the
+    # trim finds them from the log with a query); columns gained since the table held data (an
+    # older-schema file's removal leaves them NULL)
+    return trim(name, table, changes, current, rows, update_images=has_update_images(ctx.warehouse, segments),
+                small=small, bounds=log_bounds(table, [s.key_bounds for s in segments]), keys=keys,
+                added=ctx.catalog.table_defs()[name].added_columns or [], truncates=truncates)
+
+
 def trim_table(ctx: RunContext, run_id: str, item: TableDelta) -> Callable[[], TableDelta]:
     """Stage 2 for one table: read its log range, check it against the snapshot, write the net delta.
     The catalog is read here (log segments, the table's layers); the Spark work is the returned
     function, which the stage runs beside the other tables'."""
     started = time.perf_counter()
-    name, table = item.table, ctx.config.tables[item.table]
+    name = item.table
     # read under the lease: a late commit that landed since the plan is part of this range too
     segments = ctx.catalog.segments(name, item.from_version, item.to_version)
     skip = {q.commit_version for q in ctx.catalog.quarantined(name)}
     item.log_rows = sum(s.rows for s in segments)
     layers = ctx.catalog.state(name).layers
-    schema, spark = ctx.schema(name), ctx.spark
-    # where the range's keys fall, as its segments recorded when they were appended (all of them, or
-    # the trim finds them from the log with a query)
-    bounds = log_bounds(table, [s.key_bounds for s in segments])
-
-    small = item.log_rows > 0 and small_change(item.log_rows, ctx.config.spark.single_partition_rows)
-    # (columns gained since the table held data: an older-schema file's removal leaves them NULL)
-    added = ctx.catalog.table_defs()[name].added_columns or []
 
     def net_delta(skipped: set[int]) -> NetDelta:
-        changes = read_log(spark, table, segments, item.from_version, item.to_version, skipped)
-        current = ctx.warehouse.read_layers(spark, [x.path for x in layers], schema)
-        # (the range's truncates, as the catalog recorded them: the table is then read whole)
-        truncates = sorted(t for s in segments for t in s.truncates_in(item.from_version, item.to_version, skipped))
-        # a small change's keys read on the driver: the stored rows found at them by an IN list
-        keys = log_keys(ctx.warehouse, table, segments, item.from_version, item.to_version, skipped) \
-            if small and not truncates else None
-        return trim(name, table, changes, current, sum(x.rows or 0 for x in layers),
-                    update_images=has_update_images(ctx.warehouse, segments), small=small, bounds=bounds, keys=keys,
-                    added=added, truncates=truncates)
+        return log_net_delta(ctx, name, segments, item.from_version, item.to_version,
+                             [x.path for x in layers], sum(x.rows or 0 for x in layers), skipped)
 
     def run() -> TableDelta:
         _stage_skipping(ctx, run_id, item, skip, net_delta)
