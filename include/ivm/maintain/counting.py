@@ -210,6 +210,7 @@ class Counting:
         self.dred_stats: dict[Component, dict[str, int]] = {}
         #: tuples of each extraction function's delta in this run (002 §2.2: the changed elements)
         self.extraction_rows: dict[str, int] = {}
+        #: the extraction functions whose Δe_S this run computed (once, whether or not it came out empty)
         self._extracted: set[str] = set()
         #: what maintaining the current view did beyond its delta (`maintain_view` returns it)
         self.stats = MaintainStats()
