@@ -155,7 +155,9 @@ def import_ahead() -> None:
         except Exception:  # noqa: BLE001 - `_context` imports it again and says what is wrong
             log.debug("importing Great Expectations ahead failed", exc_info=True)
 
-    threading.Thread(target=load, name="ivm-import-great-expectations", daemon=True).start()
+    # (not a daemon: a process that ends before its first suite waits for the import's rest, rather than
+    # stopping a thread halfway through an import at interpreter shutdown)
+    threading.Thread(target=load, name="ivm-import-great-expectations").start()
 
 
 @lru_cache(maxsize=4)  # a process validates a project or a few; each context holds its last batches
