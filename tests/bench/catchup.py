@@ -21,8 +21,9 @@ changes of ``--delta`` of the orders each are appended to the logs, then:
                   total change, the goal's yardstick (the catch-up ≤ 1.5× it)
 
 Each T is the wall time of q3's `refresh --mode incremental` (plan, trim, maintain, publish; validation
-off), the median of ``--repeat`` after one unrecorded warm-up round, with the rows the Spark jobs read. Every relation is compacted (unmeasured) before each
-repetition, so each way starts from one base layer per relation. Results go to ``<out>/results.md``.
+off), the median of ``--repeat`` after one unrecorded warm-up round, with the rows the Spark jobs read.
+Every relation is compacted (unmeasured) before each repetition, so each way starts from one base layer
+per relation. Results go to ``<out>/results.md``.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "bench"))
 
-from run import DRIVER_MEMORY, machine  # noqa: E402
+import run  # noqa: E402
 from workloads import TPCH_TABLES, TPCH_VIEWS, RefreshSets, tables_read, tpch  # noqa: E402
 
 from ivm.modes import Mode  # noqa: E402
@@ -59,8 +60,9 @@ def project(root: Path, data: Path):
     shutil.rmtree(folder, ignore_errors=True)  # (fresh: the refresh sets start from the generated data)
     folder.mkdir(parents=True)
     (folder / "ivm.yaml").write_text(yaml.safe_dump({
-        "warehouse": "./warehouse", "spark": {"master": "local[2]", "conf": {"spark.sql.shuffle.partitions": "4",
-                                                                              "spark.driver.memory": DRIVER_MEMORY}},
+        "warehouse": "./warehouse",
+        "spark": {"master": "local[2]", "conf": {"spark.sql.shuffle.partitions": "4",
+                                                 "spark.driver.memory": run.DRIVER_MEMORY}},
         "storage": {"compact_max_layers": 100},  # (no compaction inside a measured refresh)
         "tables": tables, "views": {v: {"sql": TPCH_VIEWS[v], "validate": {"sample": 0}} for v in VIEWS}},
         sort_keys=False))
@@ -110,9 +112,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--delta", type=float, default=0.001, help="fraction of the orders changed per missed refresh")
     ap.add_argument("--missed", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--driver-memory", default=run.DRIVER_MEMORY, help="spark.driver.memory of the local session "
+                    "(SF 10's `ivm load` of lineitem needs more than the 4g default)")
     ap.add_argument("--work", default=str(REPO / ".bench"))
     ap.add_argument("--out", default=str(REPO / "tests" / "bench" / "results" / "catchup"))
     args = ap.parse_args(argv)
+    run.DRIVER_MEMORY = args.driver_memory  # (project and run.machine read it)
     root = Path(args.work) / f"catchup-sf{args.sf}"
     data = tpch(args.sf, Path(args.work))
     p = project(root, data)
@@ -127,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     lines = ["# ivm: the catch-up of a view that fell behind, against one refresh of the same change", "",
-             *[f"- {m}" for m in machine()],
+             *[f"- {m}" for m in run.machine()],
              f"- TPC-H SF {args.sf}; q3 misses {args.missed} refreshes of Δ {args.delta:.2%} of the orders each "
              f"(RF1+RF2, ~{statistics.median(x[1] for x in got['at once'])} changed rows in all); medians of "
              f"{args.repeat}", "",
