@@ -27,7 +27,7 @@ from ivm.refresh.maintenance import maintain_stage
 from ivm.refresh.plan import begin, load_plan, plan
 from ivm.refresh.record import RefreshResult
 from ivm.refresh.trim import trim_stage
-from ivm.refresh.validation import checked, validate_stage
+from ivm.refresh.validation import checked, runs_suites, validate_stage
 from ivm.spark import run_tag, tagged
 from ivm.vocabulary import RunStatus, StageName
 
@@ -184,7 +184,7 @@ def refresh(ctx: RunContext, progress: Progress = lambda _: None, views: list[st
              + f"; {len(p.tables)} tables and {len(p.views)} views to refresh"
              + (f"; replay from commit version {p.replay.from_version}: the state after run {p.replay.run_id} "
                 "(" + ", ".join(f"{t}@{v}" for t, v in p.replay.snapshot.items()) + ")" if p.replay else ""))
-    if any(checked(ctx, w) for w in p.views):
+    if any(runs_suites(ctx, w, sample) for w in p.views):
         import_ahead()  # Great Expectations, for the validate stage, while the run trims and maintains
     if not ctx.spark_started:  # start Spark outside the stage timings
         t0 = time.perf_counter()

@@ -27,6 +27,15 @@ def checked(ctx: RunContext, work: ViewWork) -> bool:
     return work.mode is Mode.INCREMENTAL
 
 
+def runs_suites(ctx: RunContext, work: ViewWork, sample: int | None = None) -> bool:
+    """Whether validating the view runs a Great Expectations suite: over its sampled comparison (maintained
+    incrementally, its sample, or ``sample`` that overrides it, above 0) or its own expectations."""
+    if not checked(ctx, work):
+        return False
+    cfg = ctx.config.views[work.view].validate_
+    return bool(cfg.expectations) or (work.mode is Mode.INCREMENTAL and (cfg.sample if sample is None else sample) > 0)
+
+
 def validate_stage(ctx: RunContext, run_id: str, progress: Progress = lambda _: None,
                    sample: int | None = None) -> dict[str, str]:
     """Stage 4: check every incrementally maintained view's staged new state before it is published
@@ -37,7 +46,7 @@ def validate_stage(ctx: RunContext, run_id: str, progress: Progress = lambda _: 
     stops the publish (nothing is applied) unless its policy is ``warn``. ``sample`` overrides the views'
     ``validate.sample``. Returns the views with problems and what they are."""
     p, _ = load_plan(ctx, run_id)
-    if any(checked(ctx, w) for w in p.views):
+    if any(runs_suites(ctx, w, sample) for w in p.views):
         import_ahead()  # (while the samples are recomputed; `ivm refresh` started it after its plan)
     states = []
     for work in p.views:
