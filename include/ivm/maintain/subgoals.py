@@ -14,8 +14,8 @@ groupby       000 Algorithm 6.1's Δ(T) from the stored state       T or Tᵛ, a
 setof         001's v_a⁺/v_a⁻ (CReaM's Δ1–Δ6, Figure 1)            the sets of the grouped relation
 extraction    002 §2.2's Δe_S: the parent's Δ, extracted           the parent's state, extracted (e_S is not
                                                                    stored)
-owner index   (never: an index changes with its nesting table)     probed with the changed collection ids
-                                                                   (002 §4.3 step 2-1, ivm.maintain.nested)
+owner index   its Δ, kept from the nesting table's net delta       probed with the collection ids the Δ subgoal
+              (002 §4.2)                                           binds (002 §4.3 step 2-1, ivm.maintain.nested)
 ============  ===================================================  ==============================================
 
 The counting algorithm reads a subgoal through its entry (`Counting.subgoal`), and asks it whether the
