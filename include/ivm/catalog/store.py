@@ -401,6 +401,10 @@ class Catalog:
 
     # -- quarantined commits -----------------------------------------------------------------------
 
+    def quarantined_versions(self, table: str) -> set[int]:
+        """The commit versions of ``table`` set aside (`quarantined`): what every trim of its log skips."""
+        return {q.commit_version for q in self.quarantined(table)}
+
     def quarantined(self, table: str | None = None) -> list[QuarantineRef]:
         """The commits set aside (of one table, or all), in commit order: every refresh's trim skips
         them, the restored ones too (their changes were appended again under a new version)."""

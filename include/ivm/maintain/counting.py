@@ -229,9 +229,9 @@ class Counting:
             extracted = nested.extraction_delta(self, pred)
             if extracted is not None:
                 self.extraction_rows[pred] = extracted.elements
-            if extracted is not None and extracted.rows is not None:
-                self.states.delta_bytes[pred], self.states.delta_rows[pred] = extracted.bytes, extracted.elements
-                self.used_delta[pred] = extracted.rows
+                if extracted.rows is not None:
+                    self.states.delta_bytes[pred], self.states.delta_rows[pred] = extracted.bytes, extracted.elements
+                    self.used_delta[pred] = extracted.rows
         return pred in self.used_delta
 
     def note_delta(self, pred: str, delta: DataFrame | None, set_change: bool = False) -> None:

@@ -199,7 +199,7 @@ class Maintenance:
         was compacted since: the layers it held are not a prefix of its layers now)."""
         ctx = self.ctx
         upto = self.plan.snapshot[name]
-        skip = {q.commit_version for q in ctx.catalog.quarantined(name)}
+        skip = ctx.catalog.quarantined_versions(name)
         segments = ctx.catalog.segments(name, after, upto)
         log.info("%s: catching up from commit version %d to %d from %d log segments", name, after, upto,
                  len(segments))
@@ -213,7 +213,7 @@ class Maintenance:
         ctx = self.ctx
         table, (where, after) = ctx.config.tables[name], pointer
         _, upto = delta.parse_layer_path(states.replaced.get(name) or states.old_paths[name][0])
-        skip = {q.commit_version for q in ctx.catalog.quarantined(name)}
+        skip = ctx.catalog.quarantined_versions(name)
         feed = delta.changes(ctx.spark, name, table, where, after, upto, skip)
         return trim(name, table, feed, states.read(name, [delta.layer_path(where, after)]) if table.verified else None)
 

@@ -127,7 +127,7 @@ def plan(ctx: RunContext, views: list[str] | None = None, mode: str = Mode.AUTO,
         if newest > wm and name in read:
             where = ctx.source_location(name)
             if where is None:
-                aside = {q.commit_version for q in catalog.quarantined(name)}
+                aside = catalog.quarantined_versions(name)
                 live = _live_segments(catalog, name, wm, newest, aside)
                 if not live:  # (every commit past the watermark set aside: nothing to trim, no Spark)
                     continue

@@ -119,7 +119,7 @@ def trim_table(ctx: RunContext, run_id: str, item: TableDelta) -> Callable[[], T
     name = item.table
     # read under the lease: a late commit that landed since the plan is part of this range too
     segments = ctx.catalog.segments(name, item.from_version, item.to_version)
-    skip = {q.commit_version for q in ctx.catalog.quarantined(name)}
+    skip = ctx.catalog.quarantined_versions(name)
     item.log_rows = sum(s.rows for s in segments)
     layers = ctx.catalog.state(name).layers
 
@@ -148,7 +148,7 @@ def trim_source(ctx: RunContext, run_id: str, p: Plan, item: TableDelta) -> Call
     before = ctx.catalog.state(name).layers
     schema, spark = ctx.schema(name), ctx.spark
     after, upto = delta.delta_version(item.from_version), delta.delta_version(item.to_version)
-    skip = {q.commit_version for q in ctx.catalog.quarantined(name)}
+    skip = ctx.catalog.quarantined_versions(name)
 
     def net_delta(skipped: set[int]) -> NetDelta:
         changes = delta.changes(spark, name, table, where, after, upto, skipped)
