@@ -29,9 +29,10 @@ def layer_from_json(d: dict[str, Any]) -> WrittenLayer:
     return WrittenLayer(d["id"], d["relation"], d["kind"], d["path"], d["rows"], d["bytes"])
 
 
-@dataclass
+@dataclass(frozen=True)
 class TableDelta:
-    """What a refresh does to one base table."""
+    """What a refresh does to one base table: planned (the version range, its log rows), then as the trim
+    stage staged it (`trimmed_as`, or a trim's `dataclasses.replace`): a value, never changed in place."""
 
     table: str
     from_version: int
@@ -46,7 +47,7 @@ class TableDelta:
     #: not known (a bag table, a replay of published deltas)
     updated_keys: int | None = None
     #: commits of the range the trim set aside (``on_bad_change: quarantine``), published with the run
-    quarantined: list[QuarantineRef] = field(default_factory=list)
+    quarantined: tuple[QuarantineRef, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """As the plan records it."""
@@ -67,13 +68,14 @@ class TableDelta:
                                    "quarantined": [{"version": q.commit_version, "reason": q.reason}
                                                    for q in self.quarantined]})
 
-    def absorb_trim(self, r: StageRecord) -> None:
+    def trimmed_as(self, r: StageRecord) -> TableDelta:
         """The table as the trim stage's record ``r`` left it."""
-        self.delta_rows, self.seconds, self.trimmed = r.delta_rows or 0, r.seconds or 0.0, True
-        self.layer = layer_from_json(r.detail["layer"]) if r.detail.get("layer") else None
-        self.updated_keys = r.detail.get("updated_keys")
-        self.quarantined = [QuarantineRef(self.table, q["version"], q["reason"], "policy")
-                            for q in r.detail.get("quarantined", [])]
+        return dataclasses.replace(
+            self, delta_rows=r.delta_rows or 0, seconds=r.seconds or 0.0, trimmed=True,
+            layer=layer_from_json(r.detail["layer"]) if r.detail.get("layer") else None,
+            updated_keys=r.detail.get("updated_keys"),
+            quarantined=tuple(QuarantineRef(self.table, q["version"], q["reason"], "policy")
+                              for q in r.detail.get("quarantined", [])))
 
 
 @dataclass
@@ -216,9 +218,7 @@ class Plan:
         maintained = {r.relation: r for r in records if r.stage == StageName.MAINTAIN}
         for t in d["tables"]:
             item = TableDelta.from_json(t)
-            if item.table in trimmed:
-                item.absorb_trim(trimmed[item.table])
-            p.tables.append(item)
+            p.tables.append(item.trimmed_as(trimmed[item.table]) if item.table in trimmed else item)
         for v in d["views"]:
             work = ViewWork.from_json(v)
             if work.view in maintained:

@@ -4,6 +4,7 @@ difference between the table's published and restored states."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
@@ -44,22 +45,22 @@ def replay_delta(ctx: RunContext, p: Plan, item: TableDelta) -> TableDelta:
     read = lambda paths: ctx.warehouse.read_layers(ctx.spark, paths, schema)  # noqa: E731
     if [x.id for x in current[:len(restored)]] == [x["id"] for x in restored]:
         added = current[len(restored):]
-        item.log_rows = sum(x.rows or 0 for x in added)
+        log_rows = sum(x.rows or 0 for x in added)
         delta = consolidate(read([x.path for x in added]))
     else:
-        item.log_rows = sum(x.rows or 0 for x in current)
+        log_rows = sum(x.rows or 0 for x in current)
         old = negate(read(p.replay.paths(name)))
         delta = consolidate(read([x.path for x in current]).unionByName(old))
     path, rows, size = Scratch(ctx.warehouse, ctx.spark, p.run_id).put(f"replay/{name}", delta)
-    item.delta_rows = rows
-    item.layer = WrittenLayer(f"replay-{name}", name, "delta", path, rows, size) if rows else None
-    item.seconds = time.perf_counter() - started
-    return item
+    return dataclasses.replace(item, log_rows=log_rows, delta_rows=rows, trimmed=True,
+                               layer=WrittenLayer(f"replay-{name}", name, "delta", path, rows, size) if rows else None,
+                               seconds=time.perf_counter() - started)
 
 
-def _stage(ctx: RunContext, run_id: str, item: TableDelta, net: NetDelta) -> None:
+def _stage(ctx: RunContext, run_id: str, item: TableDelta, net: NetDelta) -> TableDelta:
     """Write the net delta as the table's delta layer (its check is observed while it is written), drop
-    it when the check fails, and keep no empty layer (every change cancelled out: the watermark advances)."""
+    it when the check fails, and keep no empty layer (every change cancelled out: the watermark advances).
+    The table as staged (its ``seconds`` the caller's)."""
     layer = ctx.warehouse.write_layer(net.delta, item.table, "delta", run_id=run_id)
     try:
         net.check()
@@ -69,23 +70,25 @@ def _stage(ctx: RunContext, run_id: str, item: TableDelta, net: NetDelta) -> Non
     if layer.rows == 0:
         ctx.warehouse.delete(layer.path)
         layer = None
-    item.layer, item.delta_rows, item.updated_keys = layer, layer.rows if layer else 0, net.updated_keys()
+    return dataclasses.replace(item, layer=layer, delta_rows=layer.rows if layer else 0,
+                               updated_keys=net.updated_keys(), trimmed=True)
 
 
 def _stage_skipping(ctx: RunContext, run_id: str, item: TableDelta, skip: set[int],
-                    net_delta: Callable[[set[int]], NetDelta]) -> None:
+                    net_delta: Callable[[set[int]], NetDelta]) -> TableDelta:
     """`_stage` the net delta of the log range without the commits of ``skip`` (quarantined); under the
     table's ``on_bad_change: quarantine`` a commit whose change does not apply is set aside too (in the
     run's record: the publish records it, a failed run sets nothing aside) and the range trimmed again
     without it, up to QUARANTINE_MAX commits."""
     policy = ctx.config.tables[item.table].on_bad_change
+    aside: list[QuarantineRef] = []
     while True:
         try:
-            return _stage(ctx, run_id, item, net_delta(skip))
+            return _stage(ctx, run_id, dataclasses.replace(item, quarantined=tuple(aside)), net_delta(skip))
         except BadChange as e:
-            if policy != "quarantine" or len(item.quarantined) >= QUARANTINE_MAX:
+            if policy != "quarantine" or len(aside) >= QUARANTINE_MAX:
                 raise
-            item.quarantined.append(QuarantineRef(item.table, e.version, e.reason, "policy"))
+            aside.append(QuarantineRef(item.table, e.version, e.reason, "policy"))
             skip.add(e.version)
 
 
@@ -120,7 +123,7 @@ def trim_table(ctx: RunContext, run_id: str, item: TableDelta) -> Callable[[], T
     # read under the lease: a late commit that landed since the plan is part of this range too
     segments = ctx.catalog.segments(name, item.from_version, item.to_version)
     skip = ctx.catalog.quarantined_versions(name)
-    item.log_rows = sum(s.rows for s in segments)
+    item = dataclasses.replace(item, log_rows=sum(s.rows for s in segments))
     layers = ctx.catalog.state(name).layers
 
     def net_delta(skipped: set[int]) -> NetDelta:
@@ -128,9 +131,8 @@ def trim_table(ctx: RunContext, run_id: str, item: TableDelta) -> Callable[[], T
                              [x.path for x in layers], sum(x.rows or 0 for x in layers), skipped)
 
     def run() -> TableDelta:
-        _stage_skipping(ctx, run_id, item, skip, net_delta)
-        item.seconds = time.perf_counter() - started
-        return item
+        staged = _stage_skipping(ctx, run_id, item, skip, net_delta)
+        return dataclasses.replace(staged, seconds=time.perf_counter() - started)
 
     return run
 
@@ -160,9 +162,10 @@ def trim_source(ctx: RunContext, run_id: str, p: Plan, item: TableDelta) -> Call
 
     def run() -> TableDelta:
         delta.check_columns(spark, name, table, where, upto)  # (a source whose schema changed under ivm)
+        staged = dataclasses.replace(item, trimmed=True)
         if incremental:
             try:
-                _stage_skipping(ctx, run_id, item, skip, net_delta)
+                staged = _stage_skipping(ctx, run_id, item, skip, net_delta)
             except Exception as e:  # noqa: BLE001 - the feed's files gone (VACUUM) surface as Spark errors
                 if isinstance(e, ChangeDataError) or not any(
                         m in str(e) for m in ("FileNotFound", "FILE_NOT_FOUND", "VersionNotFound")):
@@ -170,8 +173,7 @@ def trim_source(ctx: RunContext, run_id: str, p: Plan, item: TableDelta) -> Call
                 raise ChangeDataError(f"table {name}: the change data feed of Delta versions {after + 1}..{upto} "
                                       f"of {where} is gone (VACUUM); use `ivm backfill --full` for the views "
                                       "that read it") from e
-        item.seconds = time.perf_counter() - started
-        return item
+        return dataclasses.replace(staged, seconds=time.perf_counter() - started)
 
     return run
 
@@ -211,4 +213,4 @@ def trim_stage(ctx: RunContext, run_id: str, progress: Progress = lambda _: None
         progress(f"trim: {item.table}: {versions}, {item.log_rows} "
                  f"{'rows of published deltas' if p.replay else 'changes'} -> net delta of "
                  f"{item.delta_rows} rows ({item.seconds:.2f} s){aside}")
-    return p.tables
+    return done
