@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import NamedTuple
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -180,6 +181,14 @@ def presence_change(old_rows: DataFrame, delta_rows: DataFrame, columns: list[st
     return counts.select(*cols, change.alias(C)).where(F.col(C) != 0)
 
 
+class Maintained(NamedTuple):
+    """What maintaining a predicate, or one term of its delta rules, returns: Δ (None: nothing changed)
+    and what it counted beyond it."""
+
+    delta: DataFrame | None
+    stats: MaintainStats
+
+
 class Counting:
     """Algorithm 4.1 over one run's states. ``maintain(pred)`` computes, writes and returns Δ(pred)."""
 
@@ -212,8 +221,6 @@ class Counting:
         self.extraction_rows: dict[str, int] = {}
         #: the extraction functions whose Δe_S this run computed (once, whether or not it came out empty)
         self._extracted: set[str] = set()
-        #: what maintaining the current view did beyond its delta (`maintain_view` returns it)
-        self.stats = MaintainStats()
         #: the keys each shortcut reads from storage in this run
         self.shortcut_keys: dict[references.Shortcut, references.KeysRead] = {}
         #: keys of a keyed table's net delta that are updates (both images), as its trim observed them
@@ -306,23 +313,23 @@ class Counting:
     # -- Algorithm 4.1 --------------------------------------------------------------------------------
 
     def maintain_view(self, view: str) -> MaintainStats:
-        """Δ of each of the view's predicates (`maintain`), and what it took beyond the deltas."""
-        self.stats = MaintainStats()
+        """Δ of each of the view's predicates (`maintain`), and what it took beyond the deltas: the
+        counts its delta rules returned, DRed's over its recursive components, and 002 §2.2's changed
+        elements of the extraction functions it reads."""
         preds = view_predicates(self.program, self.strata, view)
-        for pred in preds:
-            self.maintain(pred)
-        for component, stats in self.dred_stats.items():
+        stats = sum((self.maintain(pred).stats for pred in preds), MaintainStats())
+        for component, dred in self.dred_stats.items():
             if set(preds) & set(component.predicates):
-                self.stats.dred = {k: self.stats.dred.get(k, 0) + n for k, n in stats.items()}
-        for e in extractions(self.program, self.strata.upstream(view)):
-            if e in self.extraction_rows:  # 002 §2.2: only the elements that changed
-                self.stats.changed_elements[e] = self.extraction_rows[e]
-        return self.stats
+                stats += MaintainStats(dred=dred)
+        changed = {e: self.extraction_rows[e] for e in extractions(self.program, self.strata.upstream(view))
+                   if e in self.extraction_rows}  # (002 §2.2: only the elements that changed)
+        return stats + MaintainStats(changed_elements=changed)
 
-    def maintain(self, pred: str) -> DataFrame | None:
+    def maintain(self, pred: str) -> Maintained:
         """Δ(pred) from the delta rules whose Δ subgoal changed; written as a delta layer of ``pred``
         (and of its GROUPBY states); None when nothing changed. A predicate of a recursive component
-        is maintained with its whole component by DRed (000 §7)."""
+        is maintained with its whole component by DRed (000 §7). With what its delta rules' terms
+        counted (`MaintainStats`: subgoals taken from the deltas, joined once, probed ids)."""
         component = next(c for c in self.strata.components if pred in c.predicates)
         if component.recursive:
             if component not in self.dred_stats:
@@ -332,34 +339,35 @@ class Counting:
                     delta = self.states.put_delta(p, delta) if delta is not None else None
                     self.note_delta(p, delta)
                 self.dred_stats[component] = dred.stats
-            return self.states.delta(pred)
-        terms = []
+            return Maintained(self.states.delta(pred), MaintainStats())
+        terms: list[Maintained] = []
         for r, rule in enumerate(self.program.rules_for(pred)):
             ds = [(d, d.states.index(DELTA)) for d in delta_rules(rule)]
             ds = [(d, i) for d, i in ds if self.changed(d.rule.body[i].atom.pred)
                   and not subgoals.rule_for(self.program, d.rule.body[i]).empty(self, pred, r, i, d.rule.body[i])]
             shared = self.factored(pred, r, ds)
             terms += [shared] if shared is not None else [self.delta_rule(pred, r, d, i) for d, i in ds]
+        stats = sum((t.stats for t in terms), MaintainStats())
         if not terms:
-            return None
-        delta = consolidate(union_all(terms), self.program.predicates[pred].columns)
+            return Maintained(None, stats)
+        delta = consolidate(union_all([t.delta for t in terms]), self.program.predicates[pred].columns)
         if pred in self.ephemeral:  # not stored: Δ(pred) enters its one GROUPBY subgoal's state delta as a plan
             self.used_delta[pred] = delta
-            return delta
+            return Maintained(delta, stats)
         delta = self.states.put_delta(pred, delta)
         self.note_delta(pred, delta)
-        return delta
+        return Maintained(delta, stats)
 
-    def delta_rule(self, pred: str, r: int, d: DeltaRule, i: int) -> DataFrame:
-        """One term of Definition 4.1 as a Spark plan, starting the joins from the Δ subgoal."""
+    def delta_rule(self, pred: str, r: int, d: DeltaRule, i: int) -> Maintained:
+        """One term of Definition 4.1 as a Spark plan, starting the joins from the Δ subgoal; with the
+        subgoals it took from the deltas and the collection ids it probed owner indexes with."""
         probed, ids = nested.probe_indexes(self, d, i, lambda j, item, state: self.subgoal(pred, r, j, item, state))
         taken = references.apply(self, d, i)
-        self.stats.probed_ids += ids
-        self.stats.from_deltas += len(taken)
+        stats = MaintainStats(from_deltas=len(taken), probed_ids=ids)
         order = join_order(d.rule.body, i, set(range(len(d.rule.body))))
         subgoal, local = self.term_subgoals(pred, r, d, i, probed | taken, order, set(taken))
         df = self.ev.rule(d.rule, subgoal, lambda j, item, df: self.absent(item, df, d.states[j]), first=i)
-        return one_partition(df) if local else df
+        return Maintained(one_partition(df) if local else df, stats)
 
     def term_subgoals(self, pred: str, r: int, d: DeltaRule, i: int, probed: dict[int, DataFrame],
                       order: list[int], taken: set[int]) -> tuple[Callable[[int, BodyItem], DataFrame | None], bool]:
@@ -378,7 +386,7 @@ class Counting:
 
         return subgoal, local
 
-    def factored(self, pred: str, r: int, ds: list[tuple[DeltaRule, int]]) -> DataFrame | None:
+    def factored(self, pred: str, r: int, ds: list[tuple[DeltaRule, int]]) -> Maintained | None:
         """The delta rules ``ds`` of one rule (Δ subgoal positions given) as one plan when they share
         subgoals that did not change in this run; None when they do not (evaluate them one by one).
 
@@ -410,10 +418,10 @@ class Counting:
         inner = {j for j, item in enumerate(body) if isinstance(item, Literal)} - shared
         if not shared or not all(connected(body, join_order(body, i, inner)) for _, i in ds):
             return None
-        parts = []
+        parts, from_deltas = [], 0
         for d, i in ds:
             probed = references.apply(self, d, i, inner)
-            self.stats.from_deltas += len(probed)
+            from_deltas += len(probed)
             order = join_order(body, i, inner)
             subgoal, local = self.term_subgoals(pred, r, d, i, probed, order, set(probed))
             df, _, _ = self.ev.joins(rule, subgoal, order)
@@ -424,8 +432,9 @@ class Counting:
                                  join_order(body, among=shared, bound=bound), df=terms)
         log.info("%s: %d delta rules joined once with %s (unchanged)", pred, len(ds),
                  ", ".join(body[j].atom.pred for j in sorted(shared)))
-        self.stats.joined_once[pred] = sorted(body[j].atom.pred for j in shared)
-        return self.ev.finish(rule, df, inner | shared, self.ev.absent)
+        return Maintained(self.ev.finish(rule, df, inner | shared, self.ev.absent),
+                          MaintainStats(from_deltas=from_deltas,
+                                        joined_once={pred: sorted(body[j].atom.pred for j in shared)}))
 
     def subgoal(self, pred: str, r: int, j: int, item: BodyItem, state: str,
                 broadcast: bool = True) -> DataFrame | None:

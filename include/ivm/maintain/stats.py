@@ -5,6 +5,8 @@ detail and the words of the maintain stage's progress line.
 >>> s = MaintainStats(dred={"over-deleted": 2, "rederived": 1, "inserted": 0}, from_deltas=1)
 >>> s.detail()
 {'over-deleted': 2, 'rederived': 1, 'inserted': 0, 'subgoals from deltas': 1}
+>>> (s + MaintainStats(dred={"over-deleted": 1}, probed_ids=4)).detail()
+{'over-deleted': 3, 'rederived': 1, 'inserted': 0, 'subgoals from deltas': 1, 'probed collection ids': 4}
 >>> s.describe()
 ' (DRed: over-deleted 2, rederived 1, inserted 0); 1 delta-rule subgoals taken from the deltas (keyed lookups, \
 foreign keys)'
@@ -27,6 +29,12 @@ class MaintainStats:
     joined_once: dict[str, list[str]] = field(default_factory=dict)
     #: collection ids the owner indexes were probed with (002 §4.3)
     probed_ids: int = 0
+
+    def __add__(self, other: MaintainStats) -> MaintainStats:
+        """Two counts of one view's maintenance (its predicates', its delta rules') added up."""
+        return MaintainStats({k: self.dred.get(k, 0) + other.dred.get(k, 0) for k in self.dred | other.dred},
+                             self.changed_elements | other.changed_elements, self.from_deltas + other.from_deltas,
+                             self.joined_once | other.joined_once, self.probed_ids + other.probed_ids)
 
     def detail(self) -> dict[str, int]:
         """As the run's record keeps it."""
