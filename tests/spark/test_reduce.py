@@ -133,7 +133,11 @@ def test_example_5_reduce(spark, tmp_path):
     st = steps(r)
     assert rows(st[1].frames["existing"], "r1_a_1", "r1_b_1", "r2_c_1", "r2_d_1") == {
         ("a2", "b3", "c2", "d2"), ("a2", "b4", "c2", "d2")}  # Figure 8
-    assert [sizes(x) for x in st] == [(1, 2), (1, 2), (1, 0)]
+    # V_E^3 as Figure 8 shows it, joined and not reduced: RIE cannot pay at the last step (V_T = π V_C^3; §7)
+    assert rows(st[2].frames["existing"], "r1_b_1", "r3_e_1") == {("b3", "e2"), ("b4", "e2"), ("b3", "e4"),
+                                                                  ("b4", "e4")}
+    assert "RIE skipped at step 3" in st[2].note
+    assert [sizes(x) for x in st] == [(1, 2), (1, 2), (1, 4)]
     assert rows(delta, "a", "c", "e", "__count") == {("a2", "c2", "e1", -1)}
 
 
@@ -143,7 +147,8 @@ def test_example_6_reduce_plus_projects_early(spark, tmp_path):
     assert set(st[1].frames["candidate"].columns) == {"r1_a_1", "r2_c_1", "r2_d_1", "__count"}  # Z_2 = ACD
     assert rows(st[1].frames["candidate"], "r1_a_1", "r2_c_1", "r2_d_1") == {("a2", "c2", "d1")}
     assert rows(st[1].frames["existing"], "r1_a_1", "r2_c_1", "r2_d_1") == {("a2", "c2", "d2")}  # Figure 9
-    assert [sizes(x) for x in st] == [(1, 2), (1, 1), (1, 0)]
+    assert rows(st[2].frames["existing"], "r1_a_1", "r2_c_1", "r3_e_1") == {("a2", "c2", "e2"), ("a2", "c2", "e4")}
+    assert [sizes(x) for x in st] == [(1, 2), (1, 1), (1, 2)]
     assert rows(delta, "a", "c", "e", "__count") == {("a2", "c2", "e1", -1)}
 
 
@@ -179,6 +184,17 @@ def test_an_empty_candidate_relation_empties_the_update(spark, tmp_path):
     # execution empties the joins above an empty side); an insertion under REDUCE+ builds no V_E (§5, V)
     r, delta = run(spark, tmp_path, "REDUCE+", inserted=[("a2", "b5")])
     assert rows(delta, "a") == set() and [sizes(x) for x in steps(r, "insertion")] == [(1, None), (0, None), (0, None)]
+
+
+@pytest.mark.parametrize(("algorithm", "head"), [("RIC", ("a", "c", "e")), ("REDUCE", ("e",))])
+def test_the_update_quits_once_ric_empties_the_candidates(spark, tmp_path, algorithm, head):
+    # deleting (a2, b3): its one candidate at step 2, (a2, b3, c2, d2), agrees on Z_2 (ACD; under π_E, D)
+    # with (a2, b2, c2, d2) of V_E^2 and RIC drops it: V_C^2 = ∅, V_T = ∅, and the update quits (§3 after
+    # Lemma 2: "without accessing R_k"): the existing side goes too (RIC's V_T reads none; under π_E,
+    # Y_2 = ∅ and RIE over no column keeps nothing once no candidate is left), so step 3 joins nothing
+    r, delta = run(spark, tmp_path, algorithm, deleted=[("a2", "b3")], head=head)
+    assert rows(delta, *head) == set()
+    assert [sizes(x) for x in steps(r)] == [(1, 3 if head == ("e",) else 2), (0, 0), (0, 0)]
 
 
 @pytest.mark.parametrize("multiple", ["MU1", "MU2"])

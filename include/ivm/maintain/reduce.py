@@ -27,10 +27,13 @@ insertions' and deletions' V_C^i and V_E^i are one relation with a count per sid
 step a join, an aggregate and the windows RIC and RIE need over the step before, and the run's view
 change is computed by the one job that writes it (plus one write per further changed table, whose
 update reads V as the earlier ones left it). §3's "quit the materialized view update" when V_C^i is
-empty is Spark's: adaptive execution turns a join with an empty side into an empty relation once that
-side's stage ran. A chain longer than ``CHECKPOINT_STEPS`` joins is written every that many, which
-bounds the plan Spark optimizes at once. A step's sizes are counted on demand (``Step.rows``: the
-paper's examples and their tests), never by a refresh.
+empty is Spark's: once no candidate is left, RIE (or, where RIE does not apply, a test of the step's
+relation: ``_Update._quit``) drops the existing side too, and adaptive execution turns the joins above
+an empty relation into empty relations. §7's "skip the reduction by RIE or RIC" where it cannot pay:
+RIC with no existing relation left, RIE at the last step (V_T reads no V_E^n). A chain longer than
+``CHECKPOINT_STEPS`` joins is written every that many, which bounds the plan Spark optimizes at once.
+A step's sizes are counted on demand (``Step.rows``: the paper's examples and their tests), never by a
+refresh.
 
 Changes to several tables (or to a table joined with itself) are applied one reference at a time, as
 in 000's delta rules: references before the updated one at their new state, after it at their old.
@@ -393,15 +396,26 @@ class _Update:
         self._keep({"__dc": ~covered, "__ic": ~self._agree("__ie", z, rows)})
 
     def _rie(self, y: list[str]) -> None:
-        """RIE: keep the existing tuples agreeing with a candidate of their kind on Y_i. Over Y_i = ∅ (no
-        view column joined yet: ``nations``' update of lineitem, joined with orders) every existing tuple
-        agrees with any candidate, and they are all kept: V_E' = V_E^i is a reduction too (§3,
-        Proposition 2: V_F ⊆ V_E' ⊆ V_E), where testing "a candidate is left" takes a window over the
-        whole relation — one partition, sorted in one task — or a second plan of the chain."""
-        if not y:
-            return
+        """RIE: keep the existing tuples agreeing with a candidate of their kind on Y_i (not empty: over
+        Y_i = ∅ see `_quit`)."""
         rows = self._vars()
         self._keep({"__de": self._agree("__dc", y, rows), "__ie": self._agree("__ic", y, rows)})
+
+    def _quit(self) -> None:
+        """§3 after Lemma 2: "It often occurs that V_C^i becomes the empty set, that is V_T is empty, which
+        allows to quit the materialized view update without accessing R_k (i < k ≤ n)". A row carries
+        both sides' counts, so the existing side must go too for the relation to be empty (Spark's
+        adaptive execution then skips the joins above it): each kind's existing tuples are kept only
+        while a candidate of that kind is left. Under RIC, whose V_T reads no V_E, and RIE over Y_i = ∅
+        (no view column joined yet: ``nations``' update of lineitem, joined with orders), where this is
+        RIE itself (σ_{∅ ∈ π_∅ V_C^i}: all of V_E^i while V_C^i is not empty, none once it is). "Is a
+        candidate left" is one aggregate of the step's relation, broadcast to it (a window over no
+        column would sort the whole relation in one task)."""
+        left = F.broadcast(self.t.agg(*[F.max(F.col(c)).alias(f"{c}_left") for c in ("__ic", "__dc")]))
+        self.t = self.t.crossJoin(left)
+        self._keep({"__ie": F.coalesce(F.col("__ic_left"), F.lit(0)) > 0,
+                    "__de": F.coalesce(F.col("__dc_left"), F.lit(0)) > 0})
+        self.t = self.t.drop("__ic_left", "__dc_left")
 
     def _settle(self, keep: list[str]) -> DataFrame:
         """Each side as a set over ``keep`` (its tuples' counts summed: present when positive, count 1).
@@ -453,14 +467,24 @@ class _Update:
             # drop a tuple: no existing relation is left to compare with (Theorem 3 passed, or none built)
             for kind in SIDES:
                 notes[kind].append(f"RIC skipped at step {i + 1}: no existing relation")
+        last = i + 1 == len(self.order)
         if theorem3:
             # Theorem 3: X_V holds a key of R_i, so V_E^i = ∅ and no later existing relation is built
             self._keep({"__ie": F.lit(False), "__de": F.lit(False)})
             self.has_existing = {kind: False for kind in SIDES}
             for kind in SIDES:
                 notes[kind].append(f"Theorem 3: the view holds a key of {atom.pred}, V_E^{i + 1} = ∅")
-        elif i > 0 and reduce_e and any(self.has_existing.values()):
-            self._rie(sorted(self._y()))
+        elif i > 0 and any(self.has_existing.values()):
+            y = sorted(self._y())
+            if reduce_e and reduce_c and last:
+                # §7: RIE cannot pay at the last step: V_T = σ π V_C^n reads no V_E^n (Figures 8 and 9
+                # leave V_E^3 as joined)
+                for kind in SIDES:
+                    notes[kind].append(f"RIE skipped at step {i + 1}: V_T reads no V_E^{i + 1}")
+            elif reduce_e and y:
+                self._rie(y)  # (an existing tuple no candidate agrees with on Y_i goes: none, once V_C^i = ∅)
+            elif reduce_c and not last:
+                self._quit()
         if i == 0 and self.small and i + 1 < len(self.order):
             if not any(self.has_existing.values()):  # the change alone
                 self.broadcast = True

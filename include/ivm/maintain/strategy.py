@@ -407,11 +407,12 @@ class ReduceStrategy(_CountFreeStrategy):
                "view's columns derive) are joined table by table; the target V_T leaves (deletion) or enters "
                "(insertion, §5) the view, stored without counts",
                "both kinds' relations are one relation with a count per side and the steps one Spark plan: each "
-               "step joins the next table once for all of them; a candidate relation found empty empties the rest "
-               "of the plan (Spark's adaptive execution)",
+               "step joins the next table once for all of them; once no candidate is left the existing tuples go "
+               "too (RIE, or a test of the step's relation where RIE does not apply) and the update quits: the "
+               "joins above an empty relation read nothing (§3 after Lemma 2; Spark's adaptive execution)",
                "insertions build no existing relation: their targets are the candidates' view tuples not in V (§5)",
-               "RIC is skipped at a step with no existing relation left to compare with (§7: a reduction that "
-               "cannot pay)"]
+               "§7, a reduction skipped where it cannot pay: RIC at a step with no existing relation left to "
+               "compare with; under REDUCE and REDUCE+, RIE at the last step (V_T reads no V_E^n)"]
         if not isinstance(s, str):
             out.append("join order per changed table (004 §4, §7: a table whose key the view holds first, Theorem 3; "
                        "then the most view columns): " + "; ".join(
