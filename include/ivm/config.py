@@ -123,7 +123,8 @@ class StorageSettings(_Model):
     #: the Spark catalog database of the views (default: the project's ``name``)
     database: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     #: with ``delta_views``: a view whose published layers hold at most this many MiB (and no nested
-    #: column) is written to its Delta table by delta-rs, whole, without a JVM (0: always through Spark)
+    #: column) is written to its Delta table by delta-rs, without a JVM: the rows at the keys its delta
+    #: touched, its whole state after a full recompute (0: always through Spark)
     sink_without_jvm_mb: float = Field(default=64.0, ge=0)
     #: a view's Delta table changed by another writer since ivm's last write (a notebook's UPDATE, a
     #: mistaken INSERT): ``rewrite`` brings it back to the view on the next write, row by row, with a

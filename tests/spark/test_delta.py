@@ -495,22 +495,27 @@ def test_small_views_are_written_by_delta_rs_without_a_jvm(make_project, spark, 
                                                                                    0.25)], ["insert", "insert"]))
     p.refresh()
     assert asked.pop() is True
+    # (a keyed view, and a set by all its columns: a MERGE of the keys its delta layer touched)
     assert {v: p.catalog.latest_stage("sink", v).detail["how"] for v in views} == {
-        "per_day": "merge (delta-rs)", "days": "merge (delta-rs)", "copies": "append (delta-rs)"}
+        "per_day": "merge of the delta's keys (delta-rs)", "days": "merge of the delta's keys (delta-rs)",
+        "copies": "append (delta-rs)"}
     for view in views:
         assert bag(spark.read.format("delta").load(sinks.location(p.ctx, view)).collect()) == bag(
             p.read(view).collect()), view
     assert spark.read.format("delta").load(sinks.location(p.ctx, "copies")).schema == p.ctx.schema("copies")
-    # a delete: the bag loses a copy of a row it holds three times, merged by delta-rs all the same
-    p.append("m", parquet("c2.parquet", [rows[0]], ["delete"]))
+    # deletes: the bag loses a copy of a row it holds three times, merged by delta-rs all the same; the
+    # last row of DAYS[1] goes, and with it a key of per_day and a row of days (a key with no row now)
+    p.append("m", parquet("c2.parquet", [rows[0], rows[1]], ["delete", "delete"]))
     p.refresh()
     assert asked.pop() is True
     assert p.catalog.latest_stage("sink", "copies").detail["how"] == "merge (copies, delta-rs)"
+    assert p.catalog.latest_stage("sink", "days").detail["how"] == "merge of the delta's keys (delta-rs)"
+    assert DAYS[1] not in {r.day for r in spark.read.format("delta").load(sinks.location(p.ctx, "days")).collect()}
     for view in views:
         assert bag(spark.read.format("delta").load(sinks.location(p.ctx, view)).collect()) == bag(
             p.read(view).collect()), view
     # a full recompute: the bag's whole new state against the rows its table holds (a row loses one of its
-    # two copies, another gains a second), by delta-rs all the same
+    # two copies, another comes back), by delta-rs all the same
     p.append("m", parquet("c2f.parquet", [rows[2], (8, DAYS[1], None, None, None)], ["delete", "insert"]))
     p.refresh(mode="full")
     assert asked.pop() is True
@@ -519,6 +524,18 @@ def test_small_views_are_written_by_delta_rs_without_a_jvm(make_project, spark, 
     for view in views:
         assert bag(spark.read.format("delta").load(sinks.location(p.ctx, view)).collect()) == bag(
             p.read(view).collect()), view
+    # a state above WHOLE_STATE_ROWS after a full recompute: Spark's MERGE of the whole state, not delta-rs's
+    limit = sinks.WHOLE_STATE_ROWS
+    monkeypatch.setattr(sinks, "WHOLE_STATE_ROWS", 1)
+    p.append("m", parquet("c2g.parquet", [(9, DAYS[2], ts, Decimal("0.10"), 2.0)], ["insert"]))
+    p.refresh(mode="full")
+    assert asked.pop() is False
+    assert {v: p.catalog.latest_stage("sink", v).detail["how"] for v in views} == {
+        "per_day": "merge (whole state)", "days": "merge (whole state)", "copies": "merge (copies)"}
+    for view in views:
+        assert bag(spark.read.format("delta").load(sinks.location(p.ctx, view)).collect()) == bag(
+            p.read(view).collect()), view
+    monkeypatch.setattr(sinks, "WHOLE_STATE_ROWS", limit)
     # over the threshold: Spark's MERGE, into the table delta-rs wrote
     again = make_project(table, root=tmp_path / "p", views=views,
                          storage={"delta_views": True, "sink_without_jvm_mb": 0})
