@@ -493,48 +493,37 @@ def test_small_views_are_written_by_delta_rs_without_a_jvm(make_project, spark, 
     # inserts only: a bag gains copies, which delta-rs appends
     p.append("m", parquet("c1.parquet", [(4, DAYS[2], ts, Decimal("-2.00"), 1e-3), (7, DAYS[0], ts, Decimal("1.50"),
                                                                                    0.25)], ["insert", "insert"]))
+    def written(project, jvm: bool, hows: dict[str, str]) -> None:
+        """The sink stage asked for no JVM unless ``jvm``, wrote each view as ``hows`` says, and every
+        table holds its view."""
+        assert asked.pop() is not jvm
+        assert {v: project.catalog.latest_stage("sink", v).detail["how"] for v in hows} == hows
+        for view in views:
+            assert bag(spark.read.format("delta").load(sinks.location(project.ctx, view)).collect()) == bag(
+                project.read(view).collect()), view
+
     p.refresh()
-    assert asked.pop() is True
     # (a keyed view, and a set by all its columns: a MERGE of the keys its delta layer touched)
-    assert {v: p.catalog.latest_stage("sink", v).detail["how"] for v in views} == {
-        "per_day": "merge of the delta's keys (delta-rs)", "days": "merge of the delta's keys (delta-rs)",
-        "copies": "append (delta-rs)"}
-    for view in views:
-        assert bag(spark.read.format("delta").load(sinks.location(p.ctx, view)).collect()) == bag(
-            p.read(view).collect()), view
+    keys = "merge of the delta's keys (delta-rs)"
+    written(p, False, {"per_day": keys, "days": keys, "copies": "append (delta-rs)"})
     assert spark.read.format("delta").load(sinks.location(p.ctx, "copies")).schema == p.ctx.schema("copies")
     # deletes: the bag loses a copy of a row it holds three times, merged by delta-rs all the same; the
     # last row of DAYS[1] goes, and with it a key of per_day and a row of days (a key with no row now)
     p.append("m", parquet("c2.parquet", [rows[0], rows[1]], ["delete", "delete"]))
     p.refresh()
-    assert asked.pop() is True
-    assert p.catalog.latest_stage("sink", "copies").detail["how"] == "merge (copies, delta-rs)"
-    assert p.catalog.latest_stage("sink", "days").detail["how"] == "merge of the delta's keys (delta-rs)"
+    written(p, False, {"copies": "merge (copies, delta-rs)", "days": keys})
     assert DAYS[1] not in {r.day for r in spark.read.format("delta").load(sinks.location(p.ctx, "days")).collect()}
-    for view in views:
-        assert bag(spark.read.format("delta").load(sinks.location(p.ctx, view)).collect()) == bag(
-            p.read(view).collect()), view
     # a full recompute: the bag's whole new state against the rows its table holds (a row loses one of its
     # two copies, another comes back), by delta-rs all the same
     p.append("m", parquet("c2f.parquet", [rows[2], (8, DAYS[1], None, None, None)], ["delete", "insert"]))
     p.refresh(mode="full")
-    assert asked.pop() is True
-    assert {v: p.catalog.latest_stage("sink", v).detail["how"] for v in views} == {
-        "per_day": "merge (delta-rs)", "days": "merge (delta-rs)", "copies": "merge (copies, delta-rs)"}
-    for view in views:
-        assert bag(spark.read.format("delta").load(sinks.location(p.ctx, view)).collect()) == bag(
-            p.read(view).collect()), view
+    written(p, False, {"per_day": "merge (delta-rs)", "days": "merge (delta-rs)", "copies": "merge (copies, delta-rs)"})
     # a state above WHOLE_STATE_ROWS after a full recompute: Spark's MERGE of the whole state, not delta-rs's
     limit = sinks.WHOLE_STATE_ROWS
     monkeypatch.setattr(sinks, "WHOLE_STATE_ROWS", 1)
     p.append("m", parquet("c2g.parquet", [(9, DAYS[2], ts, Decimal("0.10"), 2.0)], ["insert"]))
     p.refresh(mode="full")
-    assert asked.pop() is False
-    assert {v: p.catalog.latest_stage("sink", v).detail["how"] for v in views} == {
-        "per_day": "merge (whole state)", "days": "merge (whole state)", "copies": "merge (copies)"}
-    for view in views:
-        assert bag(spark.read.format("delta").load(sinks.location(p.ctx, view)).collect()) == bag(
-            p.read(view).collect()), view
+    written(p, True, {"per_day": "merge (whole state)", "days": "merge (whole state)", "copies": "merge (copies)"})
     monkeypatch.setattr(sinks, "WHOLE_STATE_ROWS", limit)
     # over the threshold: Spark's MERGE, into the table delta-rs wrote
     again = make_project(table, root=tmp_path / "p", views=views,
@@ -542,14 +531,8 @@ def test_small_views_are_written_by_delta_rs_without_a_jvm(make_project, spark, 
     again.append("m", parquet("c3.parquet", [(5, DAYS[2], None, Decimal("3.00"), None),
                                              (6, dt.date(2026, 11, 4), ts, None, 0.5)], ["insert", "insert"]))
     again.refresh()
-    assert asked.pop() is False
     # keyed by its key; a set without a key (each row once) by all its columns; a bag by its rows' copies
-    assert {v: again.catalog.latest_stage("sink", v).detail["how"] for v in views} == {
-        "per_day": "merge", "days": "merge", "copies": "merge (copies)"}
-    for view in views:
-        assert bag(spark.read.format("delta").load(sinks.location(again.ctx, view)).collect()) == bag(
-            again.read(view).collect()), view
-
+    written(again, True, {"per_day": "merge", "days": "merge", "copies": "merge (copies)"})
 
 PIP_ONLY = """
 import sys
