@@ -181,6 +181,9 @@ SQL_VIEWS = {
     "v_not_exists_grouped": "SELECT a FROM r WHERE NOT EXISTS (SELECT 1 FROM s WHERE r.b = s.b GROUP BY s.b "
                             "HAVING sum(c) > 2)",
     "v_exists_any_group": "SELECT a FROM r WHERE EXISTS (SELECT 1 FROM s GROUP BY b HAVING sum(c) > 3)",
+    # correlated by a column it does not group by (the column joins the grouping)
+    "v_exists_grouped_off": "SELECT a, b FROM r WHERE EXISTS (SELECT 1 FROM s WHERE s.c = r.a GROUP BY s.b "
+                            "HAVING count(*) > 1)",
     # scalar subqueries (ivm.lang.scalar_subqueries): correlated by equality or not, a count over no rows (0,
     # not NULL: the COUNT bug), a MAX in the SELECT list, an uncorrelated AVG; and in a GROUP BY query: inside
     # an aggregate's argument, read after the aggregation in SELECT and in HAVING
@@ -217,6 +220,12 @@ SQL_VIEWS = {
                     "LEFT JOIN link l3 ON l2.dst = l3.src",
     "v_left_then_inner": "SELECT l1.src, l3.dst FROM link l1 LEFT JOIN link l2 ON l1.dst = l2.src "
                          "JOIN link l3 ON l3.src = l1.src",
+    # a RIGHT / FULL JOIN after another outer join: the left side its matched and its padded rows; a
+    # non-equi ON naming both earlier tables
+    "v_left_then_right": "SELECT l1.src, l2.dst, l3.dst AS d3 FROM link l1 LEFT JOIN link l2 ON l1.dst = l2.src "
+                         "RIGHT JOIN link l3 ON l3.src = l2.dst",
+    "v_left_then_full": "SELECT l1.src, l2.dst, l3.src AS s3, l3.dst AS d3 FROM link l1 LEFT JOIN link l2 "
+                        "ON l1.dst = l2.src FULL JOIN link l3 ON l3.src = l2.dst AND l3.dst > l1.src",
 }
 
 

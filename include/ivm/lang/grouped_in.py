@@ -8,7 +8,8 @@ becomes an IN over a subquery in FROM, which the compiler maintains as an aggreg
 The same rows, by SQL's definition of a derived table. A correlated one (its GROUP BY or HAVING reads a
 column of the outer query) stays as it is and the compiler refuses it, as it refuses ORDER BY / LIMIT
 there. [NOT] EXISTS over a subquery that groups is read the same way where its correlation allows
-(`_exists`: equalities of outer columns with GROUP BY columns, moved out of the grouping). It runs on the
+(`_exists`: equalities of outer columns with the subquery's columns, moved out of the grouping; a column
+it does not group by joins its GROUP BY). It runs on the
 qualified tree (every column names its table), where sqlglot's scopes tell an outer column from an inner
 one; a pure function from tree to tree.
 
@@ -70,10 +71,19 @@ def _exists(tree: exp.Expression) -> exp.Expression:
                       WHERE __ex0.c0 = o.x)
 
     The same rows: a filter on a grouping column keeps or drops whole groups, so it commutes with the
-    grouping and its HAVING (and NULL equals nothing on either side). Only where that holds: each
-    condition naming an outer column is a conjunct of WHERE equating it with a GROUP BY column, and no
-    outer column is named anywhere else; an uncorrelated one moves whole. Any other stays as it is and the
-    compiler refuses it in one line."""
+    grouping and its HAVING (and NULL equals nothing on either side). A correlation by a column the query
+    does not group by joins its GROUP BY first: the rows with ``t.c = o.x`` grouped by ``t.b`` are the
+    groups of ``GROUP BY t.b, t.c`` whose ``c`` is ``o.x``, each the same rows (so the same HAVING) —
+
+        EXISTS (SELECT 1 FROM t WHERE t.c = o.x GROUP BY t.b HAVING c)
+          ->  EXISTS (SELECT 1 FROM (SELECT t.c AS c0 FROM t GROUP BY t.b, t.c HAVING c) AS __ex0
+                      WHERE __ex0.c0 = o.x)
+
+    (not for a query without GROUP BY: its one group exists over no rows too). Only where that holds:
+    each condition naming an outer column is a conjunct of WHERE equating it with a column of the
+    subquery's own, and no outer column is named anywhere else; an uncorrelated one moves whole. Any
+    other (``t.c > o.x``: the groups then differ per outer row) stays as it is and the compiler refuses
+    it in one line."""
     root = build_scope(tree)
     if root is None:
         return tree
@@ -90,6 +100,10 @@ def _exists(tree: exp.Expression) -> exp.Expression:
         kept = [c for c in conjuncts(inner.args.get("where") and inner.args["where"].this)
                 if not any(c == m for m, _, _ in moved)]
         inner.set("where", exp.Where(this=exp.and_(*kept)) if kept else None)
+        grouped = inner.args["group"].expressions if inner.args.get("group") else []
+        joined = [g for _, g, _ in moved if not any(g == x for x in grouped)]
+        if joined:  # (a correlation by a column not grouped by: it joins the grouping)
+            inner.set("group", exp.Group(expressions=[*grouped, *[g.copy() for g in joined]]))
         inner.set("expressions", [exp.alias_(g.copy(), f"c{i}") for i, (_, g, _) in enumerate(moved)] or
                   [exp.alias_(exp.Literal.number(1), "c0")])
         outer = exp.select("1").from_(inner.subquery(name))
@@ -100,7 +114,7 @@ def _exists(tree: exp.Expression) -> exp.Expression:
 
 
 def _correlation(scope: Scope, select: exp.Select) -> list[tuple[exp.Expression, exp.Column, exp.Column]] | None:
-    """The conjuncts of ``select``'s WHERE that correlate it (each with its GROUP BY column and the outer
+    """The conjuncts of ``select``'s WHERE that correlate it (each with its inner column and the outer
     column), when they are the only place an outer column is named; None when it cannot move."""
     outer = {id(c) for c in scope.external_columns}
     if not outer:
@@ -115,7 +129,7 @@ def _correlation(scope: Scope, select: exp.Select) -> list[tuple[exp.Expression,
             return None
         o = cols[0]
         g = c.expression if c.this is o else c.this if c.expression is o else None
-        if not isinstance(g, exp.Column) or not any(g == x for x in groups):
+        if not isinstance(g, exp.Column) or not groups:
             return None
         moved.append((c, g, o))
     named = sum(1 for x in select.find_all(exp.Column) if id(x) in outer)

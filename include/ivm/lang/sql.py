@@ -86,6 +86,10 @@ class _Block:
             v = self.parent[v]
         return v
 
+    def is_null(self, v: str) -> bool:
+        """Whether the variable is NULL here (unified with a padded one)."""
+        return self.find(v) in {self.find(n) for n in self.nulls}
+
     def unify(self, a: str, b: str) -> None:
         ra, rb = self.find(a), self.find(b)
         if ra != rb:
@@ -407,8 +411,6 @@ class SqlCompiler:
         pred = self._source_predicate(source)
         alias = source.alias_or_name
         out: list[_Block] = []
-        if side in ("RIGHT", "FULL") and len(blocks) > 1:
-            raise self._fail(f"{side} JOIN after another outer join")
         for b in blocks:
             matched = b.copy()
             self._bind(alias, pred, matched)
@@ -427,22 +429,28 @@ class SqlCompiler:
                                  padded, True)
                 out.append(padded)
         if side in ("RIGHT", "FULL"):  # right rows without a partner: the left side padded
-            left = blocks[0]
+            # (the left side is every block so far: after another outer join, its matched and padded rows
+            # alike — a rule of the partners predicate each, their union the left side's rows)
             padded = _Block()
             self._bind(alias, pred, padded)
-            for a, cols in left.scope.items():
+            for a, cols in blocks[0].scope.items():
                 padded.scope[a] = dict(cols)
                 padded.nulls |= set(cols.values())
-            pairs = [self._cross_equality(c, left, padded) for c in on]
-            if all(pairs):
-                partners = self._aux([f"k{i}" for i in range(len(pairs))], "set", "exists")
-                self._add_rule(Rule(Atom(partners.name, tuple(Var(lv) for lv, _ in pairs)), tuple(left.body)), left)
-                padded.body.append(Literal(Atom(partners.name, tuple(Var(rv) for _, rv in pairs)), negated=True))
+            pairs = [[self._cross_equality(c, b, padded) for c in on] for b in blocks]
+            if all(all(p) for p in pairs):
+                partners = self._aux([f"k{i}" for i in range(len(on))], "set", "exists")
+                for b, ps in zip(blocks, pairs, strict=True):
+                    if not any(b.is_null(lv) for lv, _ in ps):  # (a NULL of the left side matches no right row)
+                        self._add_rule(Rule(Atom(partners.name, tuple(Var(lv) for lv, _ in ps)), tuple(b.body)), b)
+                padded.body.append(Literal(Atom(partners.name, tuple(Var(rv) for _, rv in pairs[0])), negated=True))
             else:  # any other ON: the left side's rows that satisfy it with the right row, as NOT EXISTS's are
-                inner = left.copy()
-                inner.correlations = []
-                self._correlate(list(on), inner, padded)
-                partners, outer_vars = self._semijoin(inner)
+                inners = []
+                for b in blocks:
+                    inner = b.copy()
+                    inner.correlations = []
+                    self._correlate(list(on), inner, padded)
+                    inners.append(inner)
+                partners, outer_vars = self._semijoin(*inners)
                 padded.body.append(Literal(Atom(partners, tuple(Var(o) for o in outer_vars)), negated=True))
             out.append(padded)
         return out
@@ -464,12 +472,17 @@ class SqlCompiler:
         inner.correlations += pairs
         return self._semijoin(inner)
 
-    def _semijoin(self, inner: _Block) -> tuple[str, list[str]]:
-        """A set predicate of the inner block's correlated columns, and the outer variables they pair
-        with: what EXISTS and an outer join's partner test join with."""
-        aux = self._aux([f"k{i}" for i in range(len(inner.correlations))], "set", "exists")
-        self._add_rule(Rule(Atom(aux.name, tuple(Var(i) for _, i in inner.correlations)), tuple(inner.body)), inner)
-        return aux.name, [o for o, _ in inner.correlations]
+    def _semijoin(self, *inners: _Block) -> tuple[str, list[str]]:
+        """A set predicate of the inner blocks' correlated columns (a rule each: their union), and the outer
+        variables they pair with: what EXISTS and an outer join's partner test join with."""
+        outer = [o for o, _ in inners[0].correlations]
+        if any([o for o, _ in b.correlations] != outer for b in inners):  # (one ON read alike in each block)
+            raise RuntimeError(f"views.{self.view}: the blocks of an outer join correlate differently")
+        aux = self._aux([f"k{i}" for i in range(len(outer))], "set", "exists")
+        for inner in inners:
+            self._add_rule(Rule(Atom(aux.name, tuple(Var(i) for _, i in inner.correlations)), tuple(inner.body)),
+                           inner)
+        return aux.name, outer
 
     def _cross_equality(self, c: exp.Expression, left: _Block, right: _Block) -> tuple[str, str] | None:
         """(left variable, right variable) if ``c`` is ``column = column`` across the two blocks."""
