@@ -407,7 +407,7 @@ class _Update:
         both sides' counts, so the existing side must go too for the relation to be empty (Spark's
         adaptive execution then skips the joins above it): each kind's existing tuples are kept only
         while a candidate of that kind is left. Under RIC, whose V_T reads no V_E, and RIE over Y_i = ∅
-        (no view column joined yet: ``nations``' update of lineitem, joined with orders), where this is
+        (no view column joined yet: tests/spark/test_strategies.py's ``bridge``), where this is
         RIE itself (σ_{∅ ∈ π_∅ V_C^i}: all of V_E^i while V_C^i is not empty, none once it is). "Is a
         candidate left" is one aggregate of the step's relation, broadcast to it (a window over no
         column would sort the whole relation in one task)."""
