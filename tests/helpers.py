@@ -220,12 +220,14 @@ SQL_VIEWS = {
                     "LEFT JOIN link l3 ON l2.dst = l3.src",
     "v_left_then_inner": "SELECT l1.src, l3.dst FROM link l1 LEFT JOIN link l2 ON l1.dst = l2.src "
                          "JOIN link l3 ON l3.src = l1.src",
-    # a RIGHT / FULL JOIN after another outer join: the left side its matched and its padded rows; a
-    # non-equi ON naming both earlier tables
-    "v_left_then_right": "SELECT l1.src, l2.dst, l3.dst AS d3 FROM link l1 LEFT JOIN link l2 ON l1.dst = l2.src "
-                         "RIGHT JOIN link l3 ON l3.src = l2.dst",
-    "v_left_then_full": "SELECT l1.src, l2.dst, l3.src AS s3, l3.dst AS d3 FROM link l1 LEFT JOIN link l2 "
-                        "ON l1.dst = l2.src FULL JOIN link l3 ON l3.src = l2.dst AND l3.dst > l1.src",
+    # a RIGHT / FULL JOIN after another outer join: the left side its matched and its padded rows — both
+    # partners where ON names the preserved table (r2 finds its own row of r, with an s or without;
+    # equality, and non-equi), none from the padded rows where it names the padded one (NULL matches nothing)
+    "v_left_then_right": "SELECT r.a, s.c, r2.b AS b2 FROM r LEFT JOIN s ON r.b = s.b RIGHT JOIN r r2 ON r2.a = r.a",
+    "v_left_then_full": "SELECT r.a, s.c, r2.a AS a2, r2.b AS b2 FROM r LEFT JOIN s ON r.b = s.b "
+                        "FULL JOIN r r2 ON r2.a = r.a AND r2.b >= r.b",
+    "v_left_then_right_padded": "SELECT r.a, s.c, r2.b AS b2 FROM r LEFT JOIN s ON r.b = s.b "
+                                "RIGHT JOIN r r2 ON r2.a = s.c",
 }
 
 
