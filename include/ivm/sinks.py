@@ -339,18 +339,31 @@ def _write_small(where: str, view: str, version: int, rows, key: list[str] | Non
     return "merge (delta-rs)"
 
 
+def _typed(table, schema: StructType):
+    """``table``'s columns of ``schema`` (a pyarrow Table), cast to the view's Arrow types (a TIMESTAMP is an
+    instant: Delta's timestamp, UTC)."""
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    arrow = to_arrow_schema(schema, timezone="UTC")
+    return pa.table([table.column(f.name).cast(f.type) for f in arrow], schema=arrow)
+
+
+def _local_layer(path: str, columns: list[str] | None = None):
+    """A layer's rows (``columns`` of them) read by pyarrow, as stored; None where it is not a local file."""
+    import pyarrow.dataset as ds
+
+    local = delta.local_path(path)
+    return None if "://" in local else ds.dataset(local, format="parquet").to_table(columns=columns)
+
+
 def _delta_keys(schema: StructType, delta_path: str, key: list[str]):
     """The distinct ``key`` values of a view's delta layer, in the view's Arrow types (a pyarrow Table);
     None where the layer is not a local file."""
-    import pyarrow as pa
-    import pyarrow.dataset as ds
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    if "://" in delta.local_path(delta_path):
+    layer = _local_layer(delta_path, key)
+    if layer is None:
         return None
-    arrow = to_arrow_schema(StructType([schema[k] for k in key]), timezone="UTC")
-    layer = ds.dataset(delta.local_path(delta_path), format="parquet").to_table(columns=key)
-    keys = pa.table([layer.column(f.name).cast(f.type) for f in arrow], schema=arrow)
+    keys = _typed(layer, StructType([schema[k] for k in key]))
     return keys.group_by(key, use_threads=False).aggregate([]).select(key)
 
 
@@ -378,16 +391,12 @@ def _bag_change(schema: StructType, delta_path: str) -> tuple | None:
     """A small keyless bag's delta layer read by pyarrow: (the copies it gains, each row its count times;
     the rows that lose copies), in the view's Arrow types; None where the layer is not a local file."""
     import numpy as np
-    import pyarrow as pa
     import pyarrow.compute as pc
-    import pyarrow.dataset as ds
-    from pyspark.sql.pandas.types import to_arrow_schema
 
-    if "://" in delta.local_path(delta_path):
+    layer = _local_layer(delta_path)
+    if layer is None:
         return None
-    arrow = to_arrow_schema(schema, timezone="UTC")
-    layer = ds.dataset(delta.local_path(delta_path), format="parquet").to_table()
-    rows = pa.table([layer.column(f.name).cast(f.type) for f in arrow], schema=arrow)
+    rows = _typed(layer, schema)
     counts = layer.column(COUNT_COLUMN).to_numpy(zero_copy_only=False)
     return (rows.take(np.repeat(np.arange(len(counts)), np.maximum(counts, 0))),
             rows.filter(pc.less(layer.column(COUNT_COLUMN), 0)))
@@ -402,15 +411,13 @@ def _bag_against(ctx: RunContext, view: str, schema: StructType, sink) -> tuple 
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
-    from pyspark.sql.pandas.types import to_arrow_schema
 
     rows = state_without_jvm(ctx, view)
     held = None if rows is None else _delta_rows(sink, f"sink {view}")
     if held is None:
         return None
-    arrow = to_arrow_schema(schema, timezone="UTC")
     try:  # (the table's columns are the view's: a view whose columns changed is written whole)
-        held = pa.table([held.column(f.name).cast(f.type) for f in arrow], schema=arrow)
+        held = _typed(held, schema)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
         log.info("sink %s: the table's rows read through Spark (%s)", view, e)
         return None
@@ -500,18 +507,14 @@ def state_without_jvm(ctx: RunContext, view: str, limit_mb: int | None = None, a
     (`small_layers`). ``at`` (a pyarrow Table of some of its columns): only the rows agreeing with one of
     its rows (a delta layer's keys), NULLs equal."""
     import numpy as np
-    import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.dataset as ds
-    from pyspark.sql.pandas.types import to_arrow_schema
 
     small = small_layers(ctx, view, limit_mb)
     if small is None:
         return None
     files, schema = small
-    arrow = to_arrow_schema(schema, timezone="UTC")  # (a TIMESTAMP is an instant: Delta's timestamp, UTC)
-    table = ds.dataset(files, format="parquet").to_table()
-    table = pa.table([table.column(f.name).cast(f.type) for f in arrow], schema=arrow)
+    table = _typed(ds.dataset(files, format="parquet").to_table(), schema)
     if at is not None:  # (first by one column, a cheap lookup; then by all of them, NULLs equal)
         first = at.column_names[0]
         table = table.filter(pc.or_kleene(pc.is_in(table.column(first), value_set=at.column(first)),
