@@ -184,6 +184,27 @@ SQL_VIEWS = {
     # correlated by a column it does not group by (the column joins the grouping)
     "v_exists_grouped_off": "SELECT a, b FROM r WHERE EXISTS (SELECT 1 FROM s WHERE s.c = r.a GROUP BY s.b "
                             "HAVING count(*) > 1)",
+    # correlated otherwise: by a comparison, and by HAVING (the grouping runs per outer value: the outer
+    # table's distinct values join the subquery); and without GROUP BY, one group per outer row over no rows
+    # too — a HAVING false there, and one true there (count(*) < 2: the outer rows without rows pass)
+    "v_exists_grouped_theta": "SELECT a, b FROM r WHERE EXISTS (SELECT 1 FROM s WHERE s.c > r.a GROUP BY s.b "
+                              "HAVING count(*) > 1)",
+    "v_not_exists_having_outer": "SELECT a, b FROM r WHERE NOT EXISTS (SELECT 1 FROM s WHERE s.b = r.b "
+                                 "GROUP BY s.c HAVING sum(s.c) > r.a)",
+    "v_exists_having_only": "SELECT a FROM r WHERE EXISTS (SELECT 1 FROM s WHERE s.b = r.b HAVING sum(s.c) > 2)",
+    "v_exists_having_none": "SELECT a, b FROM r WHERE EXISTS (SELECT 1 FROM s WHERE s.b = r.b AND s.c > 0 "
+                            "HAVING count(*) < 2)",
+    "v_not_exists_having_none": "SELECT a FROM r WHERE NOT EXISTS (SELECT 1 FROM s WHERE s.c = r.a "
+                                "HAVING count(*) < 2)",
+    # an outer column where a NULL finds rows (its values then correlate NULL-safe), and a HAVING whose value
+    # over no rows reads the outer row (the EXISTS is that value, its aggregates scalar subqueries)
+    "v_not_exists_grouped_coalesce": "SELECT a FROM r WHERE NOT EXISTS (SELECT 1 FROM s WHERE s.c > coalesce(r.a, 1) "
+                                     "GROUP BY s.b HAVING count(*) > 1)",
+    "v_exists_having_outer": "SELECT a, b FROM r WHERE EXISTS (SELECT 1 FROM s WHERE s.b = r.b "
+                             "HAVING count(*) < r.a)",
+    # a correlated IN over GROUP BY: the EXISTS of a group whose value is the IN's
+    "v_in_grouped_correlated": "SELECT a, b FROM r WHERE a IN (SELECT max(s.c) FROM s WHERE s.b <> r.b "
+                               "GROUP BY s.b HAVING count(*) > 1)",
     # scalar subqueries (ivm.lang.scalar_subqueries): correlated by equality or not, a count over no rows (0,
     # not NULL: the COUNT bug), a MAX in the SELECT list, an uncorrelated AVG; and in a GROUP BY query: inside
     # an aggregate's argument, read after the aggregation in SELECT and in HAVING

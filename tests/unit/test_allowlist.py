@@ -61,20 +61,23 @@ REFUSED = [
      "WHERE l2.dst = l1.dst)", "correlated by l1.dst, which is not a grouping column"),
     ("SELECT src FROM link GROUP BY src, (SELECT max(dst) FROM link)",
      "stands where ivm reads only WHERE, HAVING and SELECT"),
-    # (an uncorrelated IN over GROUP BY / HAVING, and an EXISTS with GROUP BY correlated by equalities,
-    # are read through a subquery in FROM: ivm.lang.grouped_in); correlated otherwise, the groups differ
-    # per outer row, and a HAVING without GROUP BY has its one group over no rows too
+    # (an uncorrelated IN over GROUP BY / HAVING, and an EXISTS over one correlated by one enclosing table's
+    # columns, are read through a subquery in FROM: ivm.lang.grouped_in); correlated by two enclosing
+    # tables' columns other than by equalities, or a HAVING over no rows that reads the outer row with such
+    # a correlation, and a NOT IN correlated at all are refused, saying what is read
+    ("SELECT f.flight_id FROM flight f JOIN res x ON x.flight_id = f.flight_id WHERE EXISTS "
+     "(SELECT 1 FROM res r WHERE r.res_id > f.flight_id AND r.seat = x.seat GROUP BY r.seat HAVING count(*) > 1)",
+     "GROUP BY inside this EXISTS / IN / ANY subquery is not supported yet (a correlation by columns of one "
+     "enclosing table"),
     ("SELECT f.flight_id FROM flight f WHERE EXISTS "
-     "(SELECT 1 FROM res r WHERE r.res_id > f.flight_id GROUP BY r.flight_id HAVING count(*) > 1)",
-     "GROUP BY inside an EXISTS / IN / ANY subquery is not supported yet"),
-    ("SELECT f.flight_id FROM flight f WHERE EXISTS "
-     "(SELECT 1 FROM res r WHERE r.flight_id = f.flight_id HAVING count(*) > 1)",
-     "HAVING inside an EXISTS / IN / ANY subquery is not supported yet"),
-    ("SELECT f.flight_id FROM flight f WHERE f.flight_id IN "
+     "(SELECT 1 FROM res r WHERE r.flight_id < f.flight_id HAVING count(*) < f.miles)",
+     "is correlated other than by an equality"),
+    ("SELECT f.flight_id FROM flight f WHERE f.flight_id NOT IN "
      "(SELECT r.flight_id FROM res r WHERE r.seat < f.flight_id GROUP BY r.flight_id HAVING count(*) > 1)",
-     "GROUP BY inside an EXISTS / IN / ANY subquery is not supported yet"),
-    ("SELECT f.flight_id FROM flight f WHERE EXISTS (SELECT max(r.seat) FROM res r WHERE r.flight_id = f.flight_id)",
-     "an aggregate inside an EXISTS / IN / ANY subquery is not supported yet"),
+     "inside NOT IN and ANY only an uncorrelated grouping"),
+    ("SELECT f.flight_id FROM flight f JOIN res x ON x.flight_id = f.flight_id WHERE EXISTS "
+     "(SELECT max(r.seat) FROM res r WHERE r.res_id > f.flight_id AND r.seat = x.seat)",
+     "an aggregate inside this EXISTS / IN / ANY subquery is not supported yet"),
     ("SELECT flight_id FROM flight WHERE flight_id IN (SELECT flight_id FROM res ORDER BY seat LIMIT 3)",
      "ORDER BY / LIMIT in a view is not supported yet"),
     # anything else outside the lists

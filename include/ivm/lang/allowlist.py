@@ -15,8 +15,8 @@ FILTERs, count_if and counts over several columns first; ivm.lang.scalar_subquer
 subqueries into joins after qualification, and refuses what it cannot),
 nondeterministic functions (no view can be maintained over them: its rows must follow from its tables).
 What an EXISTS / IN / ANY subquery's compilation would drop (its GROUP BY, HAVING, aggregates, ORDER BY,
-LIMIT) is refused where it is compiled (`ivm.lang.sql.SqlCompiler._correlated`), once an uncorrelated IN's
-grouping has been read through a subquery in FROM (ivm.lang.grouped_in).
+LIMIT) is refused where it is compiled (`ivm.lang.sql.SqlCompiler._correlated`), once the groupings of
+EXISTS and IN it can read have been read through a subquery in FROM (ivm.lang.grouped_in).
 
 >>> import sqlglot
 >>> refusal(sqlglot.parse_one("SELECT k, count(*) FROM t GROUP BY k", read="spark"), {exp.Count: "count"}, set())

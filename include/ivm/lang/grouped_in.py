@@ -5,13 +5,15 @@ becomes an IN over a subquery in FROM, which the compiler maintains as an aggreg
     x IN (SELECT k FROM t GROUP BY k HAVING c)   ->   x IN (SELECT __in0.c0 FROM (SELECT k AS c0 FROM t
                                                                   GROUP BY k HAVING c) AS __in0)
 
-The same rows, by SQL's definition of a derived table. A correlated one (its GROUP BY or HAVING reads a
-column of the outer query) stays as it is and the compiler refuses it, as it refuses ORDER BY / LIMIT
-there. [NOT] EXISTS over a subquery that groups is read the same way where its correlation allows
-(`_exists`: equalities of outer columns with the subquery's columns, moved out of the grouping; a column
-it does not group by joins its GROUP BY). It runs on the
-qualified tree (every column names its table), where sqlglot's scopes tell an outer column from an inner
-one; a pure function from tree to tree.
+The same rows, by SQL's definition of a derived table. [NOT] EXISTS over a subquery that groups is read
+the same way (`_exists`: equalities of outer columns with the subquery's columns moved out of the grouping;
+any other correlation by one enclosing table's columns read once per value of them), a correlated IN as
+such an EXISTS (`_in_as_exists`), and a correlated EXISTS over one group per outer row whose HAVING over
+no rows reads the outer row as that HAVING's value (`exists_as_values`, run before the scalar subqueries'
+pass). What none of them reads (a correlated NOT IN or ANY over a grouping; an EXISTS correlated by two
+enclosing tables other than by equalities) stays as it is and the compiler refuses it in one line, as
+it refuses ORDER BY / LIMIT there. It runs on the qualified tree (every column names its table), where
+sqlglot's scopes tell an outer column from an inner one; pure functions from tree to tree.
 
 >>> import sqlglot
 >>> from sqlglot.optimizer.qualify import qualify
@@ -28,6 +30,7 @@ HAVING SUM(lineitem.l_quantity) > 300) AS __in0)
 from __future__ import annotations
 
 from sqlglot import exp
+from sqlglot.executor import execute
 from sqlglot.optimizer.scope import Scope, build_scope
 
 from ivm.lang.scalar_subqueries import conjuncts
@@ -42,7 +45,7 @@ def _groups(select: exp.Expression) -> bool:
 def rewrite(tree: exp.Expression) -> exp.Expression:
     """The tree with each uncorrelated grouping IN subquery, and each grouping [NOT] EXISTS subquery
     (`_exists`), read through a subquery in FROM."""
-    tree = _exists(tree.copy())
+    tree = _exists(_in_as_exists(tree.copy()))
     root = build_scope(tree)
     if root is None:
         return tree
@@ -58,6 +61,33 @@ def rewrite(tree: exp.Expression) -> exp.Expression:
         outer = exp.select(*[exp.alias_(exp.column(f"c{i}", table=name), f"c{i}")
                              for i in range(len(select.expressions))]).from_(inner.subquery(name))
         query.replace(exp.Subquery(this=outer) if isinstance(query, exp.Subquery) else outer)
+    return tree
+
+
+def _in_as_exists(tree: exp.Expression) -> exp.Expression:
+    """A correlated IN over a query that groups, a conjunct of WHERE, as the EXISTS of a group whose value
+    is the IN's (which `_exists` then reads) — ``x IN (SELECT k FROM t WHERE w GROUP BY g HAVING c)`` ->
+    ``EXISTS (SELECT 1 FROM t WHERE w GROUP BY g HAVING c AND k = x)``: the same rows where a NULL drops
+    the row as FALSE does (NOT IN, whose NULLs do not, stays as it is)."""
+    root = build_scope(tree)
+    if root is None:
+        return tree
+    for scope in list(root.traverse()):
+        select, node = scope.expression, scope.expression.parent
+        query = node.parent if isinstance(node, exp.Subquery) else node
+        if (not isinstance(query, exp.In) or not scope.external_columns or not _groups(select)
+                or len(select.expressions) != 1 or isinstance(query.this, exp.Tuple)
+                or not isinstance(query.parent, (exp.Where, exp.And, exp.Paren))):
+            continue
+        where = query.find_ancestor(exp.Where)
+        if where is None or not any(query is c for c in conjuncts(where.this)):
+            continue
+        inner = select.copy()
+        match = exp.EQ(this=select.expressions[0].unalias().copy(), expression=query.this.copy())
+        having = inner.args.get("having")
+        inner.set("having", exp.Having(this=exp.and_(having.this, match) if having else match))
+        inner.set("expressions", [exp.Literal.number(1)])
+        query.replace(exp.Exists(this=inner))
     return tree
 
 
@@ -79,11 +109,34 @@ def _exists(tree: exp.Expression) -> exp.Expression:
           ->  EXISTS (SELECT 1 FROM (SELECT t.c AS c0 FROM t GROUP BY t.b, t.c HAVING c) AS __ex0
                       WHERE __ex0.c0 = o.x)
 
-    (not for a query without GROUP BY: its one group exists over no rows too). Only where that holds:
-    each condition naming an outer column is a conjunct of WHERE equating it with a column of the
-    subquery's own, and no outer column is named anywhere else; an uncorrelated one moves whole. Any
-    other (``t.c > o.x``: the groups then differ per outer row) stays as it is and the compiler refuses
-    it in one line."""
+    Correlated otherwise (``t.c > o.x``, an outer column in HAVING: the rows grouped differ per outer
+    row), the grouping runs once per outer value (`_by_outer_values`): the outer columns' distinct values
+    join the subquery's FROM, the correlation compares the rows with them and the grouping adds them —
+
+        EXISTS (SELECT 1 FROM t WHERE t.c > o.x GROUP BY t.b HAVING c)
+          ->  EXISTS (SELECT 1 FROM (SELECT __exo0.x0 AS c0 FROM t, (SELECT DISTINCT o.x AS x0 FROM o)
+                      AS __exo0 WHERE t.c > __exo0.x0 GROUP BY t.b, __exo0.x0 HAVING c) AS __ex0
+                      WHERE __ex0.c0 = o.x)
+
+    — the classic decorrelation by the outer query's values (the probe ivm.lang.sql reads other
+    correlated subqueries through), for outer columns of one table of the enclosing query, each named in a
+    comparison that is NULL where it is (so an outer row with a NULL there finds no rows, as the equality
+    with ``c0`` finds none).
+
+    A correlated query without GROUP BY has one group per outer row, over no rows too: grouped by the
+    correlation as above, an outer row without rows finds no group, which is right where HAVING over no
+    rows (COUNT 0, the other aggregates NULL; `_over_no_rows`) is not true; where it is true (``HAVING
+    count(*) < 2``) the EXISTS holds unless a group fails it —
+
+        EXISTS (SELECT 1 FROM t WHERE t.k = o.x HAVING c)   (c true over no rows)
+          ->  NOT EXISTS (SELECT 1 FROM (SELECT t.k AS c0 FROM t GROUP BY t.k
+                          HAVING NOT COALESCE(c, FALSE)) AS __ex0 WHERE __ex0.c0 = o.x)
+
+    Where an outer column stands other than in a comparison or arithmetic that is a conjunct of WHERE or
+    HAVING (under OR, COALESCE, IS NULL: a NULL there may find rows), the outer values correlate NULL-safe
+    (``__ex0.c0 <=> o.x``). A HAVING over no rows that reads the outer row is `exists_as_values`'s, before
+    this; outer columns of two tables, other than by equalities, stay as they are and the compiler refuses
+    them in one line. An uncorrelated query moves whole."""
     root = build_scope(tree)
     if root is None:
         return tree
@@ -93,24 +146,158 @@ def _exists(tree: exp.Expression) -> exp.Expression:
         if not _groups(select):
             continue
         moved = _correlation(scope, select)
-        if moved is None:
+        read = _by_equalities(select, moved) if moved is not None else _by_outer_values(scope, select, n)
+        if read is None:
             continue
-        name = f"__ex{n}"
-        inner = select.copy()
-        kept = [c for c in conjuncts(inner.args.get("where") and inner.args["where"].this)
-                if not any(c == m for m, _, _ in moved)]
-        inner.set("where", exp.Where(this=exp.and_(*kept)) if kept else None)
+        inner, keys, null_safe = read
+        complement = False
+        if keys and inner.args.get("group") is None:  # (one group per outer row, over no rows too)
+            complement = _over_no_rows(inner.args.get("having"))
+            if complement is None:
+                continue
         grouped = inner.args["group"].expressions if inner.args.get("group") else []
-        joined = [g for _, g, _ in moved if not any(g == x for x in grouped)]
+        joined = [k for k, _ in keys if not any(k == x for x in grouped)]
         if joined:  # (a correlation by a column not grouped by: it joins the grouping)
-            inner.set("group", exp.Group(expressions=[*grouped, *[g.copy() for g in joined]]))
-        inner.set("expressions", [exp.alias_(g.copy(), f"c{i}") for i, (_, g, _) in enumerate(moved)] or
+            inner.set("group", exp.Group(expressions=[*grouped, *[k.copy() for k in joined]]))
+        if complement:
+            having = inner.args["having"].this if inner.args.get("having") else exp.true()
+            inner.set("having", exp.Having(this=exp.not_(exp.func("COALESCE", having, exp.false()))))
+        name = f"__ex{n}"
+        inner.set("expressions", [exp.alias_(k.copy(), f"c{i}") for i, (k, _) in enumerate(keys)] or
                   [exp.alias_(exp.Literal.number(1), "c0")])
         outer = exp.select("1").from_(inner.subquery(name))
-        for i, (_, _, o) in enumerate(moved):
-            outer = outer.where(exp.EQ(this=exp.column(f"c{i}", table=name), expression=o.copy()))
-        node.set("this", outer)
+        for i, (_, o) in enumerate(keys):
+            outer = outer.where((exp.NullSafeEQ if null_safe else exp.EQ)(
+                this=exp.column(f"c{i}", table=name), expression=o.copy()))
+        if not complement:
+            node.set("this", outer)
+        elif isinstance(node.parent, exp.Not):
+            node.parent.replace(exp.Exists(this=outer))
+        else:
+            node.replace(exp.not_(exp.Exists(this=outer)))
     return tree
+
+
+def exists_as_values(tree: exp.Expression) -> exp.Expression:
+    """A correlated [NOT] EXISTS over a query without GROUP BY whose HAVING over no rows reads the outer
+    row (``HAVING count(*) < o.x``) or an aggregate whose value there is not known, as the value of its
+    HAVING — the query has one group per outer row, there whenever HAVING holds, so
+
+        EXISTS (SELECT 1 FROM t WHERE w HAVING c(agg, o.x))
+          ->  COALESCE(c((SELECT agg FROM t WHERE w), o.x), FALSE)
+
+    (NOT EXISTS: its negation), each aggregate a scalar subquery, which ivm.lang.scalar_subqueries then
+    decorrelates (it runs after this pass; its refusals hold for these too). The other forms are
+    `_exists`'s, after it."""
+    tree = tree.copy()
+    root = build_scope(tree)
+    if root is None:
+        return tree
+    for scope in list(root.traverse()):
+        select, node = scope.expression, scope.expression.parent
+        if (not isinstance(node, exp.Exists) or not _groups(select) or select.args.get("group") is not None
+                or not scope.external_columns or _over_no_rows(select.args.get("having")) is not None):
+            continue
+        having = select.args["having"].this.copy() if select.args.get("having") else exp.true()
+
+        def scalar(agg: exp.Expression, select: exp.Select = select) -> exp.Expression:
+            if not isinstance(agg, exp.AggFunc):
+                return agg
+            sub = select.copy()
+            sub.set("expressions", [agg.copy()])
+            sub.set("having", None)
+            return exp.Subquery(this=sub)
+
+        value = exp.func("COALESCE", having.transform(scalar), exp.false())
+        if isinstance(node.parent, exp.Not):
+            node.parent.replace(exp.not_(value))
+        else:
+            node.replace(value)
+    return tree
+
+
+Keys = list[tuple[exp.Expression, exp.Column]]
+
+
+def _by_equalities(select: exp.Select, moved: list) -> tuple[exp.Select, Keys, bool]:
+    """The subquery without its correlating equalities, and each one's inner and outer column."""
+    inner = select.copy()
+    kept = [c for c in conjuncts(inner.args.get("where") and inner.args["where"].this)
+            if not any(c == m for m, _, _ in moved)]
+    inner.set("where", exp.Where(this=exp.and_(*kept)) if kept else None)
+    return inner, [(g, o) for _, g, o in moved], False
+
+
+#: where an outer column may stand in `_by_outer_values`: each of these is NULL when it is
+_STRICT = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Mod,
+           exp.Neg, exp.Paren, exp.Cast)
+
+
+def _by_outer_values(scope: Scope, select: exp.Select, n: int) -> tuple[exp.Select, Keys, bool] | None:
+    """The subquery joined with the distinct values of the outer columns it names, which it reads there,
+    and whether they correlate NULL-safe (where an outer column stands other than in a conjunct of WHERE
+    or HAVING under comparisons and arithmetic, a NULL there may find rows); None unless they are columns
+    of one table of the enclosing query."""
+    external = scope.external_columns
+    parent = scope.parent
+    tables = {c.table for c in external}
+    if parent is None or len(tables) != 1 or not isinstance(parent.sources.get(next(iter(tables))), exp.Table):
+        return None
+    tops = {id(x) for k in ("where", "having") if select.args.get(k) is not None
+            for x in conjuncts(select.args[k].this)}
+
+    def strict(c: exp.Column) -> bool:
+        node = c
+        while id(node) not in tops and isinstance(node.parent, _STRICT):
+            node = node.parent
+        return id(node) in tops
+    names = list(dict.fromkeys(c.name for c in external))
+    probe_name, table = f"__exo{n}", parent.sources[next(iter(tables))]
+    source = table.copy()
+    source.set("alias", exp.TableAlias(this=exp.to_identifier(f"{probe_name}p")))
+    probe = exp.select(*[exp.alias_(exp.column(c, table=f"{probe_name}p"), f"x{i}") for i, c in enumerate(names)])
+    probe = probe.from_(source).distinct()
+    inner = select.copy()
+    copies = dict(zip([id(x) for x in select.walk()], inner.walk(), strict=True))
+    for c in external:
+        copies[id(c)].replace(exp.column(f"x{names.index(c.name)}", table=probe_name))
+    inner.set("joins", [exp.Join(this=probe.subquery(probe_name)), *(inner.args.get("joins") or [])])
+    outer_of = {c.name: c for c in external}
+    return (inner, [(exp.column(f"x{i}", table=probe_name), outer_of[c]) for i, c in enumerate(names)],
+            not all(strict(c) for c in external))
+
+
+#: an aggregate's value over no rows, for `_over_no_rows` (any other aggregate: not known, refused)
+_NO_ROWS = {exp.Count: exp.Literal.number(0), exp.CountIf: exp.Literal.number(0)}
+_NULL_OVER_NO_ROWS = (exp.Sum, exp.Avg, exp.Min, exp.Max, exp.Stddev, exp.StddevSamp, exp.StddevPop,
+                      exp.Variance, exp.VariancePop)
+
+
+def _over_no_rows(having: exp.Having | None) -> bool | None:
+    """Whether HAVING holds for the one group of a query without GROUP BY over no rows: COUNT is 0, the
+    other aggregates NULL, evaluated by sqlglot's executor (three-valued, as SQL); None when it names a
+    column outside an aggregate (the outer row's) or an aggregate whose value there is not known."""
+    if having is None:
+        return True
+    unknown = []
+
+    def over_no_rows(node: exp.Expression) -> exp.Expression:
+        if type(node) in _NO_ROWS:
+            return _NO_ROWS[type(node)].copy()
+        if isinstance(node, _NULL_OVER_NO_ROWS):
+            return exp.null()
+        if isinstance(node, (exp.AggFunc, exp.Column)):
+            unknown.append(node)
+        return node
+
+    value = having.this.transform(over_no_rows)
+    if unknown:
+        return None
+    try:
+        rows = execute(exp.select(exp.alias_(value, "v")), tables={}).rows
+    except Exception:  # noqa: BLE001 (sqlglot's executor lacks the function: not known, refused)
+        return None
+    return rows[0][0] is True
 
 
 def _correlation(scope: Scope, select: exp.Select) -> list[tuple[exp.Expression, exp.Column, exp.Column]] | None:
@@ -119,7 +306,6 @@ def _correlation(scope: Scope, select: exp.Select) -> list[tuple[exp.Expression,
     outer = {id(c) for c in scope.external_columns}
     if not outer:
         return []
-    groups = select.args["group"].expressions if select.args.get("group") else []
     moved = []
     for c in conjuncts(select.args.get("where") and select.args["where"].this):
         cols = [x for x in c.find_all(exp.Column) if id(x) in outer]
@@ -129,7 +315,7 @@ def _correlation(scope: Scope, select: exp.Select) -> list[tuple[exp.Expression,
             return None
         o = cols[0]
         g = c.expression if c.this is o else c.this if c.expression is o else None
-        if not isinstance(g, exp.Column) or not groups:
+        if not isinstance(g, exp.Column):
             return None
         moved.append((c, g, o))
     named = sum(1 for x in select.find_all(exp.Column) if id(x) in outer)

@@ -152,6 +152,7 @@ class SqlCompiler:
         counted = bag_set_operations.rewrite(tree, name)  # (INTERSECT / EXCEPT ALL: counted groups repeated)
         if counted is not tree:
             tree = self._qualify(counted, schema)
+        tree = grouped_in.exists_as_values(tree)  # (EXISTS over one group per outer row: its HAVING's value)
         tree = scalar_subqueries.rewrite(tree, name)  # (decorrelated into joins with aggregate subqueries)
         tree = grouped_in.rewrite(tree)  # ([NOT] EXISTS and uncorrelated IN over GROUP BY: via FROM)
         self._query(tree, name, Kind.VIEW)
@@ -560,14 +561,18 @@ class SqlCompiler:
             raise self._fail("a set operation inside EXISTS/IN")
         # what reads only the subquery's joins and WHERE would drop (TPC-H Q18's IN over a GROUP BY ...
         # HAVING must not become "orders that have a line item"): an uncorrelated IN's grouping was read
-        # through a subquery in FROM before (ivm.lang.grouped_in); what reaches here is refused
+        # through a subquery in FROM before (ivm.lang.grouped_in), and an EXISTS's where its correlation
+        # allows; what reaches here is refused, saying what is read
         # (its DISTINCT changes nothing: EXISTS and IN ask whether a row is there)
+        grouped = ("a correlation by columns of one enclosing table, or by equalities, is read inside EXISTS and "
+                   "IN; inside NOT IN and ANY only an uncorrelated grouping")
         for part, what in (("group", "GROUP BY"), ("having", "HAVING"), ("with", "WITH"), ("order", "ORDER BY"),
                            ("limit", "LIMIT"), ("offset", "OFFSET")):
             if sel.args.get(part) is not None:
-                raise self._fail(f"{what} inside an EXISTS / IN / ANY subquery")
+                why = f" ({grouped})" if part in ("group", "having") else ""
+                raise Unsupported(f"{self._fail(f'{what} inside this EXISTS / IN / ANY subquery')}{why}")
         if any(e.find(exp.AggFunc) for e in sel.expressions):
-            raise self._fail("an aggregate inside an EXISTS / IN / ANY subquery")
+            raise Unsupported(f"{self._fail('an aggregate inside this EXISTS / IN / ANY subquery')} ({grouped})")
         inner = _Block()
         for j in sel.args.get("joins") or []:
             if j.side:
