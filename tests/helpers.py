@@ -202,9 +202,13 @@ SQL_VIEWS = {
                                      "GROUP BY s.b HAVING count(*) > 1)",
     "v_exists_having_outer": "SELECT a, b FROM r WHERE EXISTS (SELECT 1 FROM s WHERE s.b = r.b "
                              "HAVING count(*) < r.a)",
-    # a correlated IN over GROUP BY: the EXISTS of a group whose value is the IN's
+    # a correlated IN, NOT IN and an ANY over GROUP BY: the [NOT] EXISTS of a group whose value answers them
+    # (NOT IN: none equal, none NULL, or no group at all)
     "v_in_grouped_correlated": "SELECT a, b FROM r WHERE a IN (SELECT max(s.c) FROM s WHERE s.b <> r.b "
                                "GROUP BY s.b HAVING count(*) > 1)",
+    "v_not_in_grouped_correlated": "SELECT a, b FROM r WHERE a NOT IN (SELECT max(s.c) FROM s WHERE s.b = r.b "
+                                   "GROUP BY s.c)",
+    "v_any_grouped": "SELECT a FROM r WHERE a > ANY (SELECT min(s.c) FROM s GROUP BY s.b HAVING count(*) > 1)",
     # scalar subqueries (ivm.lang.scalar_subqueries): correlated by equality or not, a count over no rows (0,
     # not NULL: the COUNT bug), a MAX in the SELECT list, an uncorrelated AVG; and in a GROUP BY query: inside
     # an aggregate's argument, read after the aggregation in SELECT and in HAVING

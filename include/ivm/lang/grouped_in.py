@@ -7,12 +7,12 @@ becomes an IN over a subquery in FROM, which the compiler maintains as an aggreg
 
 The same rows, by SQL's definition of a derived table. [NOT] EXISTS over a subquery that groups is read
 the same way (`_exists`: equalities of outer columns with the subquery's columns moved out of the grouping;
-any other correlation by one enclosing table's columns read once per value of them), a correlated IN as
-such an EXISTS (`_in_as_exists`), and a correlated EXISTS over one group per outer row whose HAVING over
+any other correlation by one enclosing table's columns read once per value of them), a correlated IN, NOT IN or
+ANY as such an EXISTS (`_as_exists`), and a correlated EXISTS over one group per outer row whose HAVING over
 no rows reads the outer row as that HAVING's value (`exists_as_values`, run before the scalar subqueries'
-pass). What none of them reads (a correlated NOT IN or ANY over a grouping; an EXISTS correlated by two
-enclosing tables other than by equalities) stays as it is and the compiler refuses it in one line, as
-it refuses ORDER BY / LIMIT there. It runs on the qualified tree (every column names its table), where
+pass). What none of them reads (correlated by columns of two enclosing tables other than by equalities;
+an IN, NOT IN or ANY that is not a conjunct of WHERE) stays as it is and the compiler refuses it in one
+line, as it refuses ORDER BY / LIMIT there. It runs on the qualified tree (every column names its table), where
 sqlglot's scopes tell an outer column from an inner one; pure functions from tree to tree.
 
 >>> import sqlglot
@@ -45,7 +45,7 @@ def _groups(select: exp.Expression) -> bool:
 def rewrite(tree: exp.Expression) -> exp.Expression:
     """The tree with each uncorrelated grouping IN subquery, and each grouping [NOT] EXISTS subquery
     (`_exists`), read through a subquery in FROM."""
-    tree = _exists(_in_as_exists(tree.copy()))
+    tree = _exists(_as_exists(tree.copy()))
     root = build_scope(tree)
     if root is None:
         return tree
@@ -64,30 +64,50 @@ def rewrite(tree: exp.Expression) -> exp.Expression:
     return tree
 
 
-def _in_as_exists(tree: exp.Expression) -> exp.Expression:
-    """A correlated IN over a query that groups, a conjunct of WHERE, as the EXISTS of a group whose value
-    is the IN's (which `_exists` then reads) — ``x IN (SELECT k FROM t WHERE w GROUP BY g HAVING c)`` ->
-    ``EXISTS (SELECT 1 FROM t WHERE w GROUP BY g HAVING c AND k = x)``: the same rows where a NULL drops
-    the row as FALSE does (NOT IN, whose NULLs do not, stays as it is)."""
+def _as_exists(tree: exp.Expression) -> exp.Expression:
+    """IN, NOT IN and ANY over a query that groups, each a conjunct of WHERE, as the [NOT] EXISTS of a group
+    whose value answers them (which `_exists` then reads):
+
+        x IN (SELECT k FROM t WHERE w GROUP BY g HAVING c)  ->  EXISTS (SELECT 1 FROM t WHERE w GROUP BY g
+                                                                        HAVING c AND k = x)
+        x op ANY (SELECT k ...)                              ->  EXISTS (... HAVING c AND x op k)
+        x NOT IN (SELECT k ...)                              ->  NOT EXISTS (... HAVING c AND
+                                                                        (k = x OR k IS NULL OR x IS NULL))
+
+    The same rows where a NULL drops the row as FALSE does; NOT IN is NULL, so drops the row, when x or a
+    value is NULL over a non-empty set (hence its two IS NULLs). An uncorrelated IN or NOT IN keeps the
+    cheaper route of `rewrite`."""
     root = build_scope(tree)
     if root is None:
         return tree
     for scope in list(root.traverse()):
-        select, node = scope.expression, scope.expression.parent
-        query = node.parent if isinstance(node, exp.Subquery) else node
-        if (not isinstance(query, exp.In) or not scope.external_columns or not _groups(select)
-                or len(select.expressions) != 1 or isinstance(query.this, exp.Tuple)
-                or not isinstance(query.parent, (exp.Where, exp.And, exp.Paren))):
+        select = scope.expression
+        query = select.parent.parent if isinstance(select.parent, exp.Subquery) else select.parent
+        if not _groups(select) or len(select.expressions) != 1:
             continue
-        where = query.find_ancestor(exp.Where)
-        if where is None or not any(query is c for c in conjuncts(where.this)):
+        k = select.expressions[0].unalias()
+        if isinstance(query, exp.In) and scope.external_columns and not isinstance(query.this, exp.Tuple):
+            condition, x = query, query.this
+            match = exp.EQ(this=k.copy(), expression=x.copy())
+            if isinstance(query.parent, exp.Not):
+                condition = query.parent
+                match = exp.or_(match, exp.Is(this=k.copy(), expression=exp.null()),
+                                exp.Is(this=x.copy(), expression=exp.null()))
+        elif isinstance(query, exp.Any) and isinstance(query.parent, (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT,
+                                                                      exp.LTE)):
+            condition = query.parent
+            match = type(condition)(this=condition.this.copy(), expression=k.copy())
+        else:
+            continue
+        where = condition.find_ancestor(exp.Where, exp.Select)
+        if not isinstance(where, exp.Where) or not any(condition is c for c in conjuncts(where.this)):
             continue
         inner = select.copy()
-        match = exp.EQ(this=select.expressions[0].unalias().copy(), expression=query.this.copy())
         having = inner.args.get("having")
         inner.set("having", exp.Having(this=exp.and_(having.this, match) if having else match))
         inner.set("expressions", [exp.Literal.number(1)])
-        query.replace(exp.Exists(this=inner))
+        exists = exp.Exists(this=inner)
+        condition.replace(exp.not_(exists) if isinstance(condition, exp.Not) else exists)
     return tree
 
 

@@ -564,8 +564,8 @@ class SqlCompiler:
         # through a subquery in FROM before (ivm.lang.grouped_in), and an EXISTS's where its correlation
         # allows; what reaches here is refused, saying what is read
         # (its DISTINCT changes nothing: EXISTS and IN ask whether a row is there)
-        grouped = ("a correlation by columns of one enclosing table, or by equalities, is read inside EXISTS and "
-                   "IN; inside NOT IN and ANY only an uncorrelated grouping")
+        grouped = ("a grouping is read inside EXISTS, and inside IN, NOT IN and ANY conjuncts of WHERE, when "
+                   "correlated by equalities or by columns of one enclosing table")
         for part, what in (("group", "GROUP BY"), ("having", "HAVING"), ("with", "WITH"), ("order", "ORDER BY"),
                            ("limit", "LIMIT"), ("offset", "OFFSET")):
             if sel.args.get(part) is not None:
