@@ -202,6 +202,9 @@ SQL_VIEWS = {
                                      "GROUP BY s.b HAVING count(*) > 1)",
     "v_exists_having_outer": "SELECT a, b FROM r WHERE EXISTS (SELECT 1 FROM s WHERE s.b = r.b "
                              "HAVING count(*) < r.a)",
+    # correlated by columns of two enclosing tables: their values as the enclosing query's FROM pairs them
+    "v_exists_grouped_two": "SELECT r.a, s2.c FROM r JOIN s s2 ON r.b = s2.b WHERE EXISTS (SELECT 1 FROM s "
+                            "WHERE s.c > r.a AND s.c < s2.c + 3 GROUP BY s.b HAVING count(*) > 1)",
     # a correlated IN, NOT IN and an ANY over GROUP BY: the [NOT] EXISTS of a group whose value answers them
     # (NOT IN: none equal, none NULL, or no group at all)
     "v_in_grouped_correlated": "SELECT a, b FROM r WHERE a IN (SELECT max(s.c) FROM s WHERE s.b <> r.b "

@@ -61,24 +61,28 @@ REFUSED = [
      "WHERE l2.dst = l1.dst)", "correlated by l1.dst, which is not a grouping column"),
     ("SELECT src FROM link GROUP BY src, (SELECT max(dst) FROM link)",
      "stands where ivm reads only WHERE, HAVING and SELECT"),
-    # (an uncorrelated IN over GROUP BY / HAVING, and an EXISTS over one correlated by one enclosing table's
-    # columns, are read through a subquery in FROM: ivm.lang.grouped_in); correlated by two enclosing
-    # tables' columns other than by equalities, or a HAVING over no rows that reads the outer row with such
-    # a correlation, and a NOT IN under OR are refused, saying what is read
-    ("SELECT f.flight_id FROM flight f JOIN res x ON x.flight_id = f.flight_id WHERE EXISTS "
-     "(SELECT 1 FROM res r WHERE r.res_id > f.flight_id AND r.seat = x.seat GROUP BY r.seat HAVING count(*) > 1)",
+    # (an uncorrelated IN over GROUP BY / HAVING, and EXISTS, IN, NOT IN or ANY over one correlated by the
+    # enclosing query's columns, are read through a subquery in FROM: ivm.lang.grouped_in); correlated by a
+    # LATERAL VIEW's column or by a query two levels out (any subquery), a HAVING over no rows that reads the
+    # outer row with a correlation other than by equalities, and a NOT IN under OR are refused, saying what
+    # is read
+    ("SELECT f.flight_id FROM flight f LATERAL VIEW explode(array(1, 2)) t AS e WHERE EXISTS "
+     "(SELECT 1 FROM res r WHERE r.res_id > t.e GROUP BY r.seat HAVING count(*) > 1)",
      "GROUP BY inside this EXISTS / IN / ANY subquery is not supported yet (a grouping is read inside EXISTS, "
-     "and inside IN, NOT IN and ANY conjuncts of WHERE, when correlated by equalities or by columns of one "
-     "enclosing table)"),
+     "and inside IN, NOT IN and ANY conjuncts of WHERE, when correlated by columns of the FROM right around it "
+     "(not a LATERAL VIEW's))"),
+    ("SELECT f.flight_id FROM flight f WHERE EXISTS (SELECT 1 FROM res x WHERE x.flight_id = f.flight_id AND "
+     "EXISTS (SELECT 1 FROM res r WHERE r.res_id = f.flight_id))",
+     "a subquery correlated with the query two levels out (f.flight_id) is not supported yet"),
     ("SELECT f.flight_id FROM flight f WHERE EXISTS "
      "(SELECT 1 FROM res r WHERE r.flight_id < f.flight_id HAVING count(*) < f.miles)",
      "is correlated other than by an equality"),
+    ("SELECT f.flight_id FROM flight f LATERAL VIEW explode(array(1, 2)) t AS e WHERE EXISTS "
+     "(SELECT max(r.seat) FROM res r WHERE r.res_id > t.e)",
+     "an aggregate inside this EXISTS / IN / ANY subquery is not supported yet"),
     ("SELECT f.flight_id FROM flight f WHERE f.miles > 3 OR f.flight_id NOT IN "
      "(SELECT r.flight_id FROM res r WHERE r.seat < f.flight_id GROUP BY r.flight_id HAVING count(*) > 1)",
      "is not supported yet"),
-    ("SELECT f.flight_id FROM flight f JOIN res x ON x.flight_id = f.flight_id WHERE EXISTS "
-     "(SELECT max(r.seat) FROM res r WHERE r.res_id > f.flight_id AND r.seat = x.seat)",
-     "an aggregate inside this EXISTS / IN / ANY subquery is not supported yet"),
     ("SELECT flight_id FROM flight WHERE flight_id IN (SELECT flight_id FROM res ORDER BY seat LIMIT 3)",
      "ORDER BY / LIMIT in a view is not supported yet"),
     # anything else outside the lists

@@ -7,11 +7,11 @@ becomes an IN over a subquery in FROM, which the compiler maintains as an aggreg
 
 The same rows, by SQL's definition of a derived table. [NOT] EXISTS over a subquery that groups is read
 the same way (`_exists`: equalities of outer columns with the subquery's columns moved out of the grouping;
-any other correlation by one enclosing table's columns read once per value of them), a correlated IN, NOT IN or
+any other correlation by the enclosing query's columns read once per value of them), a correlated IN, NOT IN or
 ANY as such an EXISTS (`_as_exists`), and a correlated EXISTS over one group per outer row whose HAVING over
 no rows reads the outer row as that HAVING's value (`exists_as_values`, run before the scalar subqueries'
-pass). What none of them reads (correlated by columns of two enclosing tables other than by equalities;
-an IN, NOT IN or ANY that is not a conjunct of WHERE) stays as it is and the compiler refuses it in one
+pass). What none of them reads (correlated by a LATERAL VIEW's column or a query two levels out; an IN,
+NOT IN or ANY that is not a conjunct of WHERE) stays as it is and the compiler refuses it in one
 line, as it refuses ORDER BY / LIMIT there. It runs on the qualified tree (every column names its table), where
 sqlglot's scopes tell an outer column from an inner one; pure functions from tree to tree.
 
@@ -139,9 +139,9 @@ def _exists(tree: exp.Expression) -> exp.Expression:
                       WHERE __ex0.c0 = o.x)
 
     — the classic decorrelation by the outer query's values (the probe ivm.lang.sql reads other
-    correlated subqueries through), for outer columns of one table of the enclosing query, each named in a
-    comparison that is NULL where it is (so an outer row with a NULL there finds no rows, as the equality
-    with ``c0`` finds none).
+    correlated subqueries through): the values of one table's columns from that table, of several tables'
+    as the enclosing query's FROM pairs them; where each outer column is named in a comparison that is NULL
+    where it is, an outer row with a NULL there finds no rows, as the equality with ``c0`` finds none.
 
     A correlated query without GROUP BY has one group per outer row, over no rows too: grouped by the
     correlation as above, an outer row without rows finds no group, which is right where HAVING over no
@@ -155,8 +155,8 @@ def _exists(tree: exp.Expression) -> exp.Expression:
     Where an outer column stands other than in a comparison or arithmetic that is a conjunct of WHERE or
     HAVING (under OR, COALESCE, IS NULL: a NULL there may find rows), the outer values correlate NULL-safe
     (``__ex0.c0 <=> o.x``). A HAVING over no rows that reads the outer row is `exists_as_values`'s, before
-    this; outer columns of two tables, other than by equalities, stay as they are and the compiler refuses
-    them in one line. An uncorrelated query moves whole."""
+    this; a LATERAL VIEW's column, or a column of a query further out, stays as it is and the compiler
+    refuses it in one line. An uncorrelated query moves whole."""
     root = build_scope(tree)
     if root is None:
         return tree
@@ -257,12 +257,42 @@ def _by_outer_values(scope: Scope, select: exp.Select, n: int) -> tuple[exp.Sele
     """The subquery joined with the distinct values of the outer columns it names, which it reads there,
     and whether they correlate NULL-safe (where an outer column stands other than in a conjunct of WHERE
     or HAVING under comparisons and arithmetic, a NULL there may find rows); None unless they are columns
-    of one table of the enclosing query."""
-    external = scope.external_columns
-    parent = scope.parent
-    tables = {c.table for c in external}
-    if parent is None or len(tables) != 1 or not isinstance(parent.sources.get(next(iter(tables))), exp.Table):
+    of the enclosing query's sources.
+
+    The values are read from the one table that holds them, or, for columns of several, from a copy of
+    the enclosing query's FROM and its joins (before its WHERE: every row the EXISTS is asked about, and
+    more, which find no outer row to answer)."""
+    external, parent = scope.external_columns, scope.parent
+    if parent is None or any(c.table not in parent.sources for c in external):
         return None
+    keys = list(dict.fromkeys((c.table, c.name) for c in external))
+    probe_name = f"__exo{n}"
+    tables = {t for t, _ in keys}
+    if len(tables) == 1 and isinstance(parent.sources[next(iter(tables))], exp.Table):
+        source = parent.sources[next(iter(tables))].copy()
+        source.set("alias", exp.TableAlias(this=exp.to_identifier(f"{probe_name}_{source.alias_or_name}")))
+        sources, joins = source, []
+    else:
+        outer = parent.expression
+        if not isinstance(outer, exp.Select) or outer.args.get("laterals"):
+            return None
+        sources = _arg(outer, "from").this.copy()
+        joins = [j.copy() for j in outer.args.get("joins") or []]
+        renamed = {}
+        for s in [sources, *(j.this for j in joins)]:
+            if not s.alias:
+                return None
+            renamed[s.alias] = f"{probe_name}_{s.alias}"
+            s.set("alias", exp.TableAlias(this=exp.to_identifier(renamed[s.alias])))
+        for j in joins:
+            if j.args.get("on") is not None:
+                j.set("on", j.args["on"].transform(
+                    lambda c: exp.column(c.name, table=renamed[c.table])
+                    if isinstance(c, exp.Column) and c.table in renamed else c))
+    probe = exp.select(*[exp.alias_(exp.column(c, table=f"{probe_name}_{t}"), f"x{i}")
+                         for i, (t, c) in enumerate(keys)]).from_(sources).distinct()
+    if joins:
+        probe.set("joins", joins)
     tops = {id(x) for k in ("where", "having") if select.args.get(k) is not None
             for x in conjuncts(select.args[k].this)}
 
@@ -271,20 +301,23 @@ def _by_outer_values(scope: Scope, select: exp.Select, n: int) -> tuple[exp.Sele
         while id(node) not in tops and isinstance(node.parent, _STRICT):
             node = node.parent
         return id(node) in tops
-    names = list(dict.fromkeys(c.name for c in external))
-    probe_name, table = f"__exo{n}", parent.sources[next(iter(tables))]
-    source = table.copy()
-    source.set("alias", exp.TableAlias(this=exp.to_identifier(f"{probe_name}p")))
-    probe = exp.select(*[exp.alias_(exp.column(c, table=f"{probe_name}p"), f"x{i}") for i, c in enumerate(names)])
-    probe = probe.from_(source).distinct()
+
     inner = select.copy()
     copies = dict(zip([id(x) for x in select.walk()], inner.walk(), strict=True))
     for c in external:
-        copies[id(c)].replace(exp.column(f"x{names.index(c.name)}", table=probe_name))
+        copies[id(c)].replace(exp.column(f"x{keys.index((c.table, c.name))}", table=probe_name))
     inner.set("joins", [exp.Join(this=probe.subquery(probe_name)), *(inner.args.get("joins") or [])])
-    outer_of = {c.name: c for c in external}
-    return (inner, [(exp.column(f"x{i}", table=probe_name), outer_of[c]) for i, c in enumerate(names)],
+    first = {}
+    for c in external:
+        first.setdefault((c.table, c.name), c)
+    return (inner, [(exp.column(f"x{i}", table=probe_name), first[k]) for i, k in enumerate(keys)],
             not all(strict(c) for c in external))
+
+
+def _arg(node: exp.Expression, name: str):
+    """``from`` is ``from_`` in newer sqlglot releases."""
+    value = node.args.get(f"{name}_")
+    return value if value is not None else node.args.get(name)
 
 
 #: an aggregate's value over no rows, for `_over_no_rows` (any other aggregate: not known, refused)

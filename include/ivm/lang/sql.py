@@ -565,7 +565,7 @@ class SqlCompiler:
         # allows; what reaches here is refused, saying what is read
         # (its DISTINCT changes nothing: EXISTS and IN ask whether a row is there)
         grouped = ("a grouping is read inside EXISTS, and inside IN, NOT IN and ANY conjuncts of WHERE, when "
-                   "correlated by equalities or by columns of one enclosing table")
+                   "correlated by columns of the FROM right around it (not a LATERAL VIEW's)")
         for part, what in (("group", "GROUP BY"), ("having", "HAVING"), ("with", "WITH"), ("order", "ORDER BY"),
                            ("limit", "LIMIT"), ("offset", "OFFSET")):
             if sel.args.get(part) is not None:
@@ -595,6 +595,9 @@ class SqlCompiler:
         for c in _subqueries_last(conds):
             outer_refs = [col for col in c.find_all(exp.Column)
                           if self._var(col, inner) is None and self._var(col, block) is not None]
+            far = [col for col in outer_refs if col.find_ancestor(exp.Select) is not c.find_ancestor(exp.Select)]
+            if far:
+                raise self._fail(f"a subquery correlated with the query two levels out ({far[0].sql(dialect='spark')})")
             simple = isinstance(c, exp.EQ) and isinstance(c.this, exp.Column) and isinstance(c.expression, exp.Column)
             if outer_refs and not simple:
                 residual.append(c)
