@@ -276,7 +276,7 @@ def _by_outer_values(scope: Scope, select: exp.Select, n: int) -> tuple[exp.Sele
         outer = parent.expression
         if not isinstance(outer, exp.Select) or outer.args.get("laterals"):
             return None
-        sources = _arg(outer, "from").this.copy()
+        sources = (outer.args.get("from_") or outer.args.get("from")).this.copy()  # (from_: newer sqlglot)
         joins = [j.copy() for j in outer.args.get("joins") or []]
         renamed = {}
         for s in [sources, *(j.this for j in joins)]:
@@ -312,12 +312,6 @@ def _by_outer_values(scope: Scope, select: exp.Select, n: int) -> tuple[exp.Sele
         first.setdefault((c.table, c.name), c)
     return (inner, [(exp.column(f"x{i}", table=probe_name), first[k]) for i, k in enumerate(keys)],
             not all(strict(c) for c in external))
-
-
-def _arg(node: exp.Expression, name: str):
-    """``from`` is ``from_`` in newer sqlglot releases."""
-    value = node.args.get(f"{name}_")
-    return value if value is not None else node.args.get(name)
 
 
 #: an aggregate's value over no rows, for `_over_no_rows` (any other aggregate: not known, refused)

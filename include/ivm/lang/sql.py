@@ -154,7 +154,7 @@ class SqlCompiler:
             tree = self._qualify(counted, schema)
         tree = grouped_in.exists_as_values(tree)  # (EXISTS over one group per outer row: its HAVING's value)
         tree = scalar_subqueries.rewrite(tree, name)  # (decorrelated into joins with aggregate subqueries)
-        tree = grouped_in.rewrite(tree)  # ([NOT] EXISTS and uncorrelated IN over GROUP BY: via FROM)
+        tree = grouped_in.rewrite(tree)  # (EXISTS, IN, NOT IN and ANY over GROUP BY: via FROM)
         self._query(tree, name, Kind.VIEW)
         self._view_is_its_recursion(name)
         return self.program.predicates[name]
@@ -560,9 +560,9 @@ class SqlCompiler:
         if not isinstance(sel, exp.Select):
             raise self._fail("a set operation inside EXISTS/IN")
         # what reads only the subquery's joins and WHERE would drop (TPC-H Q18's IN over a GROUP BY ...
-        # HAVING must not become "orders that have a line item"): an uncorrelated IN's grouping was read
-        # through a subquery in FROM before (ivm.lang.grouped_in), and an EXISTS's where its correlation
-        # allows; what reaches here is refused, saying what is read
+        # HAVING must not become "orders that have a line item"): the groupings inside EXISTS, IN, NOT IN
+        # and ANY that ivm.lang.grouped_in reads were read through a subquery in FROM before; what reaches
+        # here is refused, saying what is read
         # (its DISTINCT changes nothing: EXISTS and IN ask whether a row is there)
         grouped = ("a grouping is read inside EXISTS, and inside IN, NOT IN and ANY conjuncts of WHERE, when "
                    "correlated by columns of the FROM right around it (not a LATERAL VIEW's)")
