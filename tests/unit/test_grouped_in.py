@@ -1,5 +1,5 @@
 """ivm.lang.grouped_in's reading of [NOT] EXISTS / IN over GROUP BY / HAVING, checked as SQL: DuckDB runs the
-query as written and as rewritten over drawn tables (NULLs, duplicates, empty groups; hundreds of examples,
+query as written and as rewritten over drawn tables (NULLs, duplicates, empty groups; 150 drawn pairs,
 no Spark) and must return the same rows. The change streams (tests/spark/test_counting.py) then check that
 what the rewrite produces is maintained."""
 
