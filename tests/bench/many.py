@@ -9,12 +9,13 @@ measured and reported, never asserted.
                                          [--no-warm-copy] [--out tests/bench/results/many]
 
 Measures, in one warm Spark session: the first full materialization of all views (T_first, after an
-unmeasured one of a copy of the project, so both pay the same warm JVM; ``--no-warm-copy``: none), then ``--rounds`` incremental
-refreshes (the default mode, `auto`: the cost model may recompute a view; one warm-up round before them,
-unmeasured), each of one round of changes. The issue's goal: T_refresh / T_first ≤ 0.3. Reports per round
-the Spark jobs and each view's mode and seconds (the run record's), per view the median of its seconds
-and its Spark jobs in the median round, so the fixed cost of one more view is visible, and the bound
-that cost sets: the round's time were every view as cheap as the cheapest incremental one.
+unmeasured one of a copy of the project, so both pay the same warm JVM; ``--no-warm-copy``: none), then
+``--rounds`` incremental refreshes (the default mode, `auto`: the cost model may recompute a view; one
+warm-up round before them, unmeasured), each of one round of changes. The issue's goal: T_refresh /
+T_first ≤ 0.3. Reports per round the Spark jobs and each view's mode and seconds (the run record's), per
+view the median of its seconds and its Spark jobs in the median round, so the fixed cost of one more view
+is visible, and the bound that cost sets: the round's time were every view as cheap as the cheapest
+incremental one.
 
 ``--connect``: then the project's Spark Connect server is started (`ivm server start`), warmed by one
 round, and as many rounds are refreshed by `ivm refresh` in a new process against it (what a user's
