@@ -229,6 +229,12 @@ SQL_VIEWS = {
     "v_any": "SELECT a, b FROM r WHERE a > ANY (SELECT c FROM s WHERE s.b = r.b)",
     "v_exists_theta": "SELECT a, b FROM r WHERE EXISTS (SELECT 1 FROM s WHERE s.c > r.a)",
     "v_not_exists_theta": "SELECT a FROM r WHERE NOT EXISTS (SELECT 1 FROM s WHERE s.b = r.b AND s.c <= r.a + 1)",
+    # a correlation that holds where the outer column is NULL: the probe's NULL meets the semijoin NULL-safe
+    # (with an equality beside it, which still meets no NULL), in NOT EXISTS and in an outer join's padding
+    "v_not_exists_null_finds": "SELECT a, b FROM r WHERE NOT EXISTS (SELECT 1 FROM s WHERE s.b = r.b "
+                               "AND s.c > coalesce(r.a, 1))",
+    "v_exists_null_finds": "SELECT a FROM r WHERE EXISTS (SELECT 1 FROM s WHERE s.c > coalesce(r.a, 2))",
+    "v_left_null_finds": "SELECT r.a, s.c FROM r LEFT JOIN s ON s.c > coalesce(r.a, 1)",
     "v_not_in": "SELECT a FROM r WHERE a NOT IN (SELECT c FROM s)",
     "v_not_in_correlated": "SELECT a, b FROM r WHERE a + 1 NOT IN (SELECT c FROM s WHERE s.b = r.b)",
     "v_left": "SELECT r.a, r.b, s.c FROM r LEFT JOIN s ON r.b = s.b",

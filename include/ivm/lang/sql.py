@@ -76,10 +76,12 @@ class _Block:
     correlations: list[tuple[str, str]] = field(default_factory=list)
     #: variables that are NULL in this block: the padded side of an outer join
     nulls: set[str] = field(default_factory=set)
+    #: the inner variables of correlations read through a probe of the outer bindings (`_probe`)
+    probed: set[str] = field(default_factory=set)
 
     def copy(self) -> _Block:
         return _Block({a: dict(c) for a, c in self.scope.items()}, dict(self.parent), list(self.body),
-                      list(self.correlations), set(self.nulls))
+                      list(self.correlations), set(self.nulls), set(self.probed))
 
     def find(self, v: str) -> str:
         while self.parent.get(v, v) != v:
@@ -451,8 +453,9 @@ class SqlCompiler:
                     inner.correlations = []
                     self._correlate(list(on), inner, padded)
                     inners.append(inner)
-                partners, outer_vars = self._semijoin(*inners)
-                padded.body.append(Literal(Atom(partners, tuple(Var(o) for o in outer_vars)), negated=True))
+                partners, outer_vars, null_safe = self._semijoin(*inners)
+                padded.body.append(Literal(Atom(partners, tuple(Var(o) for o in outer_vars)), negated=True,
+                                           null_safe=null_safe))
             out.append(padded)
         return out
 
@@ -471,19 +474,28 @@ class SqlCompiler:
             if mine:
                 self._conjunct(c, inner, None)  # a condition on the joined table alone
         inner.correlations += pairs
-        return self._semijoin(inner)
+        partners, outer_vars, _ = self._semijoin(inner)  # (equalities only: no probe)
+        return partners, outer_vars
 
-    def _semijoin(self, *inners: _Block) -> tuple[str, list[str]]:
-        """A set predicate of the inner blocks' correlated columns (a rule each: their union), and the outer
-        variables they pair with: what EXISTS and an outer join's partner test join with."""
+    def _semijoin(self, *inners: _Block) -> tuple[str, list[str], bool]:
+        """A set predicate of the inner blocks' correlated columns (a rule each: their union), the outer
+        variables they pair with — what EXISTS and an outer join's partner test join with — and whether
+        that join is NULL-safe. It is where a condition was read through a probe of the outer bindings: the
+        probe holds an outer row's NULL as it is, and a condition that holds there (``s.c > coalesce(r.a,
+        1)``) gives the predicate a row with that NULL, which only a NULL-safe join meets (a condition NULL
+        there gives none, so the join is the same for the others); the plain equalities' inner columns are
+        then kept from NULL, so that they still meet no NULL."""
         outer = [o for o, _ in inners[0].correlations]
         if any([o for o, _ in b.correlations] != outer for b in inners):  # (one ON read alike in each block)
             raise RuntimeError(f"views.{self.view}: the blocks of an outer join correlate differently")
         aux = self._aux([f"k{i}" for i in range(len(outer))], "set", "exists")
+        null_safe = any(inner.probed for inner in inners)
         for inner in inners:
-            self._add_rule(Rule(Atom(aux.name, tuple(Var(i) for _, i in inner.correlations)), tuple(inner.body)),
-                           inner)
-        return aux.name, outer
+            kept = [Condition(exp.column(i, quoted=True).is_(exp.null()).not_())
+                    for _, i in inner.correlations if null_safe and i not in inner.probed]
+            self._add_rule(Rule(Atom(aux.name, tuple(Var(i) for _, i in inner.correlations)),
+                                (*inner.body, *kept)), inner)
+        return aux.name, outer, null_safe
 
     def _cross_equality(self, c: exp.Expression, left: _Block, right: _Block) -> tuple[str, str] | None:
         """(left variable, right variable) if ``c`` is ``column = column`` across the two blocks."""
@@ -623,6 +635,7 @@ class SqlCompiler:
         for c in residual:
             inner.body.append(Condition(c.copy().transform(swap)))
         inner.correlations += [(v, mine[v]) for v in outer_vars]
+        inner.probed |= set(mine.values())
 
     def _any(self, c: exp.Expression, block: _Block) -> None:
         """``x op ANY (SELECT y ...)`` is ``EXISTS (SELECT ... WHERE x op y)`` (003 §6.3)."""
@@ -636,8 +649,8 @@ class SqlCompiler:
     def _exists(self, query: exp.Expression, block: _Block, negated: bool,
                 extra: exp.Expression | None = None) -> None:
         _, inner = self._correlated(query, block, extra)
-        pred, outer_vars = self._semijoin(inner)
-        block.body.append(Literal(Atom(pred, tuple(Var(o) for o in outer_vars)), negated=negated))
+        pred, outer_vars, null_safe = self._semijoin(inner)
+        block.body.append(Literal(Atom(pred, tuple(Var(o) for o in outer_vars)), negated=negated, null_safe=null_safe))
 
     def _in(self, node: exp.In, block: _Block) -> None:
         sel, inner = self._correlated(node.args["query"], block)
