@@ -235,6 +235,8 @@ SQL_VIEWS = {
                                "AND s.c > coalesce(r.a, 1))",
     "v_exists_null_finds": "SELECT a FROM r WHERE EXISTS (SELECT 1 FROM s WHERE s.c > coalesce(r.a, 2))",
     "v_left_null_finds": "SELECT r.a, s.c FROM r LEFT JOIN s ON s.c > coalesce(r.a, 1)",
+    "v_in_null_finds": "SELECT a, b FROM r WHERE b IN (SELECT s.b FROM s WHERE s.c > coalesce(r.a, 1))",
+    "v_not_in_null_finds": "SELECT a, b FROM r WHERE b NOT IN (SELECT s.b FROM s WHERE s.c > coalesce(r.a, 5))",
     "v_not_in": "SELECT a FROM r WHERE a NOT IN (SELECT c FROM s)",
     "v_not_in_correlated": "SELECT a, b FROM r WHERE a + 1 NOT IN (SELECT c FROM s WHERE s.b = r.b)",
     "v_left": "SELECT r.a, r.b, s.c FROM r LEFT JOIN s ON r.b = s.b",

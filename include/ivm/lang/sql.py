@@ -491,8 +491,8 @@ class SqlCompiler:
         aux = self._aux([f"k{i}" for i in range(len(outer))], "set", "exists")
         null_safe = any(inner.probed for inner in inners)
         for inner in inners:
-            kept = [Condition(exp.column(i, quoted=True).is_(exp.null()).not_())
-                    for _, i in inner.correlations if null_safe and i not in inner.probed]
+            kept = [_not_null(exp.column(i, quoted=True)) for _, i in inner.correlations
+                    if null_safe and i not in inner.probed]
             self._add_rule(Rule(Atom(aux.name, tuple(Var(i) for _, i in inner.correlations)),
                                 (*inner.body, *kept)), inner)
         return aux.name, outer, null_safe
@@ -659,13 +659,19 @@ class SqlCompiler:
         value = self._term(sel.expressions[0].unalias(), inner)
         pred = self._aux(["v"] + [f"k{i}" for i in range(len(inner.correlations))], "set", "in")
         head = Atom(pred.name, (value, *(Var(i) for _, i in inner.correlations)))
-        self._add_rule(Rule(head, tuple(inner.body)), inner)
+        # (a condition read through a probe meets the outer NULL NULL-safe, as `_semijoin` says; the value
+        # and the plain equalities then meet no NULL: a NULL value is in no set)
+        null_safe = bool(inner.probed)
+        kept = [_not_null(value.tree if isinstance(value, Expr) else exp.column(value.name, quoted=True)),
+                *(_not_null(exp.column(i, quoted=True)) for _, i in inner.correlations if i not in inner.probed)]
+        self._add_rule(Rule(head, (*inner.body, *(kept if null_safe else ()))), inner)
         probe = self._term(node.this, block)
         if not isinstance(probe, Var):
             v = Var(self._fresh("in"))
             block.body.append(Assign(v, probe))
             probe = v
-        block.body.append(Literal(Atom(pred.name, (probe, *(Var(o) for o, _ in inner.correlations)))))
+        block.body.append(Literal(Atom(pred.name, (probe, *(Var(o) for o, _ in inner.correlations))),
+                                  null_safe=null_safe))
 
     def _not_in(self, node: exp.In, block: _Block) -> None:
         """``x NOT IN (SELECT c ...)`` with SQL's NULL semantics: true when the subquery is empty;
@@ -679,14 +685,20 @@ class SqlCompiler:
         keys = [f"k{i}" for i in range(len(inner.correlations))]
         inner_corr = tuple(Var(i) for _, i in inner.correlations)
         outer_corr = tuple(Var(o) for o, _ in inner.correlations)
+        # (a condition read through a probe meets the outer NULL NULL-safe, as `_semijoin` says; the plain
+        # equalities then meet no NULL)
+        null_safe = bool(inner.probed)
+        body = (*inner.body, *(_not_null(exp.column(i, quoted=True)) for _, i in inner.correlations
+                               if null_safe and i not in inner.probed))
         values = self._aux(["v", *keys], "set", "in")
-        self._add_rule(Rule(Atom(values.name, (value, *inner_corr)), tuple(inner.body)), inner)
-        nulls = self._aux(keys, "set", "in")
         value_tree = value.tree if isinstance(value, Expr) else exp.column(value.name, quoted=True)
+        self._add_rule(Rule(Atom(values.name, (value, *inner_corr)),
+                            (*body, *((_not_null(value_tree),) if null_safe else ()))), inner)
+        nulls = self._aux(keys, "set", "in")
         self._add_rule(Rule(Atom(nulls.name, inner_corr),
-                            (*inner.body, Condition(exp.Is(this=value_tree.copy(), expression=exp.Null())))), inner)
+                            (*body, Condition(exp.Is(this=value_tree.copy(), expression=exp.Null())))), inner)
         nonempty = self._aux(["f", *keys], "set", "in")
-        self._add_rule(Rule(Atom(nonempty.name, (Const(True), *inner_corr)), tuple(inner.body)), inner)
+        self._add_rule(Rule(Atom(nonempty.name, (Const(True), *inner_corr)), body), inner)
         probe = self._term(node.this, block)
         if not isinstance(probe, Var):
             v = Var(self._fresh("in"))
@@ -694,10 +706,10 @@ class SqlCompiler:
             probe = v
         flag = Var(self._fresh("is_null"))
         block.body += [
-            Literal(Atom(values.name, (probe, *outer_corr)), negated=True),
-            Literal(Atom(nulls.name, outer_corr), negated=True),
+            Literal(Atom(values.name, (probe, *outer_corr)), negated=True, null_safe=null_safe),
+            Literal(Atom(nulls.name, outer_corr), negated=True, null_safe=null_safe),
             Assign(flag, Expr(exp.Is(this=exp.column(probe.name, quoted=True), expression=exp.Null()))),
-            Literal(Atom(nonempty.name, (flag, *outer_corr)), negated=True),
+            Literal(Atom(nonempty.name, (flag, *outer_corr)), negated=True, null_safe=null_safe),
         ]
 
     # -- expressions ---------------------------------------------------------------------------------
@@ -831,6 +843,10 @@ def _arg(node: exp.Expression, name: str):
     """``from``/``with`` are ``from_``/``with_`` in newer sqlglot releases."""
     value = node.args.get(f"{name}_")
     return value if value is not None else node.args.get(name)
+
+
+def _not_null(tree: exp.Expression) -> Condition:
+    return Condition(tree.copy().is_(exp.null()).not_())
 
 
 def _subqueries_last(conjuncts: list[exp.Expression]) -> list[exp.Expression]:
