@@ -7,13 +7,14 @@ becomes an IN over a subquery in FROM, which the compiler maintains as an aggreg
 
 The same rows, by SQL's definition of a derived table. [NOT] EXISTS over a subquery that groups is read
 the same way (`_exists`: equalities of outer columns with the subquery's columns moved out of the grouping;
-any other correlation by the enclosing query's columns read once per value of them), a correlated IN, NOT IN or
+any other correlation by the enclosing query's columns read once per value of them), a correlated IN or
 ANY as such an EXISTS (`_as_exists`), and a correlated EXISTS over one group per outer row whose HAVING over
 no rows reads the outer row as that HAVING's value (`exists_as_values`, run before the scalar subqueries'
-pass). What none of them reads (correlated by a LATERAL VIEW's column or a query two levels out; an IN,
-NOT IN or ANY that is not a conjunct of WHERE) stays as it is and the compiler refuses it in one
-line, as it refuses ORDER BY / LIMIT there. It runs on the qualified tree (every column names its table), where
-sqlglot's scopes tell an outer column from an inner one; pure functions from tree to tree.
+pass). What none of them reads (correlated by a LATERAL VIEW's column or a query two levels out, or where
+a NULL of the outer column finds rows; a correlated NOT IN; an IN or ANY that is not a conjunct of WHERE)
+stays as it is and the compiler refuses it in one line, as it refuses ORDER BY / LIMIT there. It runs on
+the qualified tree (every column names its table), where sqlglot's scopes tell an outer column from an
+inner one; pure functions from tree to tree.
 
 >>> import sqlglot
 >>> from sqlglot.optimizer.qualify import qualify
@@ -65,18 +66,17 @@ def rewrite(tree: exp.Expression) -> exp.Expression:
 
 
 def _as_exists(tree: exp.Expression) -> exp.Expression:
-    """IN, NOT IN and ANY over a query that groups, each a conjunct of WHERE, as the [NOT] EXISTS of a group
-    whose value answers them (which `_exists` then reads):
+    """IN and ANY over a query that groups, each a conjunct of WHERE, as the EXISTS of a group whose value
+    answers them (which `_exists` then reads):
 
         x IN (SELECT k FROM t WHERE w GROUP BY g HAVING c)  ->  EXISTS (SELECT 1 FROM t WHERE w GROUP BY g
                                                                         HAVING c AND k = x)
         x op ANY (SELECT k ...)                              ->  EXISTS (... HAVING c AND x op k)
-        x NOT IN (SELECT k ...)                              ->  NOT EXISTS (... HAVING c AND
-                                                                        (k = x OR k IS NULL OR x IS NULL))
 
-    The same rows where a NULL drops the row as FALSE does; NOT IN is NULL, so drops the row, when x or a
-    value is NULL over a non-empty set (hence its two IS NULLs). An uncorrelated IN or NOT IN keeps the
-    cheaper route of `rewrite`."""
+    The same rows where a NULL drops the row as FALSE does. A correlated NOT IN would be NOT EXISTS (...
+    HAVING c AND (k = x OR k IS NULL OR x IS NULL)), whose x under IS NULL `_exists` does not read (a NULL
+    there finds rows): it stays as it is, refused. An uncorrelated IN or NOT IN keeps the cheaper route of
+    `rewrite`."""
     root = build_scope(tree)
     if root is None:
         return tree
@@ -86,13 +86,10 @@ def _as_exists(tree: exp.Expression) -> exp.Expression:
         if not _groups(select) or len(select.expressions) != 1:
             continue
         k = select.expressions[0].unalias()
-        if isinstance(query, exp.In) and scope.external_columns and not isinstance(query.this, exp.Tuple):
+        if (isinstance(query, exp.In) and scope.external_columns and not isinstance(query.this, exp.Tuple)
+                and not isinstance(query.parent, exp.Not)):
             condition, x = query, query.this
             match = exp.EQ(this=k.copy(), expression=x.copy())
-            if isinstance(query.parent, exp.Not):
-                condition = query.parent
-                match = exp.or_(match, exp.Is(this=k.copy(), expression=exp.null()),
-                                exp.Is(this=x.copy(), expression=exp.null()))
         elif isinstance(query, exp.Any) and isinstance(query.parent, (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT,
                                                                       exp.LTE)):
             condition = query.parent
@@ -153,8 +150,9 @@ def _exists(tree: exp.Expression) -> exp.Expression:
                           HAVING NOT COALESCE(c, FALSE)) AS __ex0 WHERE __ex0.c0 = o.x)
 
     Where an outer column stands other than in a comparison or arithmetic that is a conjunct of WHERE or
-    HAVING (under OR, COALESCE, IS NULL: a NULL there may find rows), the outer values correlate NULL-safe
-    (``__ex0.c0 <=> o.x``). A HAVING over no rows that reads the outer row is `exists_as_values`'s, before
+    HAVING (under OR, COALESCE, IS NULL: a NULL there may find rows), it stays as it is and the compiler
+    refuses it: the compiler's probe of the outer rows meets them by equality, which drops that NULL. A
+    HAVING over no rows that reads the outer row is `exists_as_values`'s, before
     this; a LATERAL VIEW's column, or a column of a query further out, stays as it is and the compiler
     refuses it in one line. An uncorrelated query moves whole."""
     root = build_scope(tree)
@@ -310,8 +308,9 @@ def _by_outer_values(scope: Scope, select: exp.Select, n: int) -> tuple[exp.Sele
     first = {}
     for c in external:
         first.setdefault((c.table, c.name), c)
-    return (inner, [(exp.column(f"x{i}", table=probe_name), first[k]) for i, k in enumerate(keys)],
-            not all(strict(c) for c in external))
+    if not all(strict(c) for c in external):  # (a NULL there may find rows, which the probe's equality drops)
+        return None
+    return inner, [(exp.column(f"x{i}", table=probe_name), first[k]) for i, k in enumerate(keys)], False
 
 
 #: an aggregate's value over no rows, for `_over_no_rows` (any other aggregate: not known, refused)
