@@ -34,7 +34,7 @@ from sqlglot import exp
 from sqlglot.executor import execute
 from sqlglot.optimizer.scope import Scope, build_scope
 
-from ivm.lang.scalar_subqueries import conjuncts
+from ivm.lang.scalar_subqueries import COMPARISONS, STRICT, conjuncts, over_no_rows
 
 
 def _groups(select: exp.Expression) -> bool:
@@ -142,7 +142,7 @@ def _exists(tree: exp.Expression) -> exp.Expression:
 
     A correlated query without GROUP BY has one group per outer row, over no rows too: grouped by the
     correlation as above, an outer row without rows finds no group, which is right where HAVING over no
-    rows (COUNT 0, the other aggregates NULL; `_over_no_rows`) is not true; where it is true (``HAVING
+    rows (COUNT 0, the others NULL; `_holds_over_no_rows`) is not true; where it is true (``HAVING
     count(*) < 2``) the EXISTS holds unless a group fails it —
 
         EXISTS (SELECT 1 FROM t WHERE t.k = o.x HAVING c)   (c true over no rows)
@@ -167,10 +167,10 @@ def _exists(tree: exp.Expression) -> exp.Expression:
         read = _by_equalities(select, moved) if moved is not None else _by_outer_values(scope, select, n)
         if read is None:
             continue
-        inner, keys, null_safe = read
+        inner, keys = read
         complement = False
         if keys and inner.args.get("group") is None:  # (one group per outer row, over no rows too)
-            complement = _over_no_rows(inner.args.get("having"))
+            complement = _holds_over_no_rows(inner.args.get("having"))
             if complement is None:
                 continue
         grouped = inner.args["group"].expressions if inner.args.get("group") else []
@@ -185,8 +185,7 @@ def _exists(tree: exp.Expression) -> exp.Expression:
                   [exp.alias_(exp.Literal.number(1), "c0")])
         outer = exp.select("1").from_(inner.subquery(name))
         for i, (_, o) in enumerate(keys):
-            outer = outer.where((exp.NullSafeEQ if null_safe else exp.EQ)(
-                this=exp.column(f"c{i}", table=name), expression=o.copy()))
+            outer = outer.where(exp.EQ(this=exp.column(f"c{i}", table=name), expression=o.copy()))
         if not complement:
             node.set("this", outer)
         elif isinstance(node.parent, exp.Not):
@@ -214,7 +213,7 @@ def exists_as_values(tree: exp.Expression) -> exp.Expression:
     for scope in list(root.traverse()):
         select, node = scope.expression, scope.expression.parent
         if (not isinstance(node, exp.Exists) or not _groups(select) or select.args.get("group") is not None
-                or not scope.external_columns or _over_no_rows(select.args.get("having")) is not None):
+                or not scope.external_columns or _holds_over_no_rows(select.args.get("having")) is not None):
             continue
         having = select.args["having"].this.copy() if select.args.get("having") else exp.true()
 
@@ -237,25 +236,24 @@ def exists_as_values(tree: exp.Expression) -> exp.Expression:
 Keys = list[tuple[exp.Expression, exp.Column]]
 
 
-def _by_equalities(select: exp.Select, moved: list) -> tuple[exp.Select, Keys, bool]:
+def _by_equalities(select: exp.Select, moved: list) -> tuple[exp.Select, Keys]:
     """The subquery without its correlating equalities, and each one's inner and outer column."""
     inner = select.copy()
     kept = [c for c in conjuncts(inner.args.get("where") and inner.args["where"].this)
             if not any(c == m for m, _, _ in moved)]
     inner.set("where", exp.Where(this=exp.and_(*kept)) if kept else None)
-    return inner, [(g, o) for _, g, o in moved], False
+    return inner, [(g, o) for _, g, o in moved]
 
 
 #: where an outer column may stand in `_by_outer_values`: each of these is NULL when it is
-_STRICT = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Mod,
-           exp.Neg, exp.Paren, exp.Cast)
+_STRICT = (*COMPARISONS, *STRICT)
 
 
-def _by_outer_values(scope: Scope, select: exp.Select, n: int) -> tuple[exp.Select, Keys, bool] | None:
-    """The subquery joined with the distinct values of the outer columns it names, which it reads there,
-    and whether they correlate NULL-safe (where an outer column stands other than in a conjunct of WHERE
-    or HAVING under comparisons and arithmetic, a NULL there may find rows); None unless they are columns
-    of the enclosing query's sources.
+def _by_outer_values(scope: Scope, select: exp.Select, n: int) -> tuple[exp.Select, Keys] | None:
+    """The subquery joined with the distinct values of the outer columns it names, which it reads there;
+    None unless they are columns of the enclosing query's sources, each in a conjunct of WHERE or HAVING
+    under comparisons and arithmetic only (elsewhere — under OR, COALESCE, IS NULL — a NULL there may find
+    rows, which the compiler's probe of the outer rows, joining by equality, drops).
 
     The values are read from the one table that holds them, or, for columns of several, from a copy of
     the enclosing query's FROM and its joins (before its WHERE: every row the EXISTS is asked about, and
@@ -263,6 +261,14 @@ def _by_outer_values(scope: Scope, select: exp.Select, n: int) -> tuple[exp.Sele
     external, parent = scope.external_columns, scope.parent
     if parent is None or any(c.table not in parent.sources for c in external):
         return None
+    tops = {id(x) for k in ("where", "having") if select.args.get(k) is not None
+            for x in conjuncts(select.args[k].this)}
+    for c in external:
+        node = c
+        while id(node) not in tops and isinstance(node.parent, _STRICT):
+            node = node.parent
+        if id(node) not in tops:
+            return None
     keys = list(dict.fromkeys((c.table, c.name) for c in external))
     probe_name = f"__exo{n}"
     tables = {t for t, _ in keys}
@@ -291,15 +297,6 @@ def _by_outer_values(scope: Scope, select: exp.Select, n: int) -> tuple[exp.Sele
                          for i, (t, c) in enumerate(keys)]).from_(sources).distinct()
     if joins:
         probe.set("joins", joins)
-    tops = {id(x) for k in ("where", "having") if select.args.get(k) is not None
-            for x in conjuncts(select.args[k].this)}
-
-    def strict(c: exp.Column) -> bool:
-        node = c
-        while id(node) not in tops and isinstance(node.parent, _STRICT):
-            node = node.parent
-        return id(node) in tops
-
     inner = select.copy()
     copies = dict(zip([id(x) for x in select.walk()], inner.walk(), strict=True))
     for c in external:
@@ -308,39 +305,27 @@ def _by_outer_values(scope: Scope, select: exp.Select, n: int) -> tuple[exp.Sele
     first = {}
     for c in external:
         first.setdefault((c.table, c.name), c)
-    if not all(strict(c) for c in external):  # (a NULL there may find rows, which the probe's equality drops)
-        return None
-    return inner, [(exp.column(f"x{i}", table=probe_name), first[k]) for i, k in enumerate(keys)], False
+    return inner, [(exp.column(f"x{i}", table=probe_name), first[k]) for i, k in enumerate(keys)]
 
 
-#: an aggregate's value over no rows, for `_over_no_rows` (any other aggregate: not known, refused)
-_NO_ROWS = {exp.Count: exp.Literal.number(0), exp.CountIf: exp.Literal.number(0)}
-_NULL_OVER_NO_ROWS = (exp.Sum, exp.Avg, exp.Min, exp.Max, exp.Stddev, exp.StddevSamp, exp.StddevPop,
-                      exp.Variance, exp.VariancePop)
+#: the aggregates whose value over no rows `scalar_subqueries.over_no_rows` gives (COUNT 0, these NULL);
+#: any other: not known, refused (count_if is a COUNT by then: ivm.lang.aggregate_filters)
+_KNOWN_OVER_NO_ROWS = (exp.Count, exp.Sum, exp.Avg, exp.Min, exp.Max, exp.Stddev, exp.StddevSamp, exp.StddevPop,
+                       exp.Variance, exp.VariancePop)
 
 
-def _over_no_rows(having: exp.Having | None) -> bool | None:
-    """Whether HAVING holds for the one group of a query without GROUP BY over no rows: COUNT is 0, the
-    other aggregates NULL, evaluated by sqlglot's executor (three-valued, as SQL); None when it names a
-    column outside an aggregate (the outer row's) or an aggregate whose value there is not known."""
+def _holds_over_no_rows(having: exp.Having | None) -> bool | None:
+    """Whether HAVING holds for the one group of a query without GROUP BY over no rows (its aggregates'
+    values there: `scalar_subqueries.over_no_rows`), evaluated by sqlglot's executor (three-valued, as
+    SQL); None when it names a column outside an aggregate (the outer row's) or another aggregate."""
     if having is None:
         return True
-    unknown = []
-
-    def over_no_rows(node: exp.Expression) -> exp.Expression:
-        if type(node) in _NO_ROWS:
-            return _NO_ROWS[type(node)].copy()
-        if isinstance(node, _NULL_OVER_NO_ROWS):
-            return exp.null()
-        if isinstance(node, (exp.AggFunc, exp.Column)):
-            unknown.append(node)
-        return node
-
-    value = having.this.transform(over_no_rows)
-    if unknown:
+    aggregates = list(having.this.find_all(exp.AggFunc))
+    outside = [c for c in having.this.find_all(exp.Column) if c.find_ancestor(exp.AggFunc) is None]
+    if outside or not all(isinstance(a, _KNOWN_OVER_NO_ROWS) for a in aggregates):
         return None
     try:
-        rows = execute(exp.select(exp.alias_(value, "v")), tables={}).rows
+        rows = execute(exp.select(exp.alias_(over_no_rows(having.this), "v")), tables={}).rows
     except Exception:  # noqa: BLE001 (sqlglot's executor lacks the function: not known, refused)
         return None
     return rows[0][0] is True

@@ -64,11 +64,11 @@ from ivm.lang.allowlist import Refused, scalar_subquery
 
 #: operators whose value is NULL when an operand is: where the subquery's value over no rows is NULL and it
 #: is an operand of one of these comparisons in a conjunct of WHERE, a missing group drops the row
-_COMPARISONS = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE)
-_STRICT = (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Mod, exp.Neg, exp.Paren, exp.Cast)
+COMPARISONS = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE)
+STRICT = (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Mod, exp.Neg, exp.Paren, exp.Cast)
 
 
-def _over_no_rows(value: exp.Expression) -> exp.Expression:
+def over_no_rows(value: exp.Expression) -> exp.Expression:
     """The subquery's value where its group has no rows: each count 0, each other aggregate NULL."""
     def empty(node: exp.Expression) -> exp.Expression:
         if isinstance(node, exp.Count):
@@ -83,7 +83,7 @@ def _null(node: exp.Expression) -> bool:
     """Whether ``node`` is NULL for sure (NULL, or arithmetic over a NULL)."""
     if isinstance(node, exp.Null):
         return True
-    return isinstance(node, _STRICT) and any(_null(child) for child in node.iter_expressions()
+    return isinstance(node, STRICT) and any(_null(child) for child in node.iter_expressions()
                                              if not isinstance(child, exp.DataType))
 
 
@@ -140,13 +140,13 @@ def _decorrelate(sq: exp.Subquery, name: str, view: str) -> None:
     scope, outer_scope = scopes[id(inner)], scopes[id(outer)]
     pairs = _correlation(inner, scope.external_columns, set(outer_scope.selected_sources), why)
     value = inner.expressions[0].unalias()
-    empty = _over_no_rows(value)
+    empty = over_no_rows(value)
     inner.set("expressions", [exp.alias_(e.copy(), f"k{i}") for i, (e, _) in enumerate(pairs)]
               + [exp.alias_(value.copy(), "v")])
     if pairs:
         inner.set("group", exp.Group(expressions=[e.copy() for e, _ in pairs]))
     on = [exp.column(f"k{i}", table=name).eq(c.copy()) for i, (_, c) in enumerate(pairs)]
-    strict = _null(empty) and isinstance(sq.parent, _COMPARISONS) and _in_conjuncts(sq.parent, outer.args.get("where"))
+    strict = _null(empty) and isinstance(sq.parent, COMPARISONS) and _in_conjuncts(sq.parent, outer.args.get("where"))
     in_aggregate = isinstance(sq.find_ancestor(exp.AggFunc, exp.Select), exp.AggFunc)
     column = exp.column("v", table=name)
     if not pairs or strict:  # exactly one row (uncorrelated), or a missing group drops the row anyway
