@@ -196,8 +196,10 @@ SQL_VIEWS = {
                             "HAVING count(*) < 2)",
     "v_not_exists_having_none": "SELECT a FROM r WHERE NOT EXISTS (SELECT 1 FROM s WHERE s.c = r.a "
                                 "HAVING count(*) < 2)",
-    # a HAVING whose value over no rows reads the outer row (the EXISTS is that value, its aggregates scalar
-    # subqueries)
+    # an outer column where a NULL finds rows (its values then correlate NULL-safe), and a HAVING whose value
+    # over no rows reads the outer row (the EXISTS is that value, its aggregates scalar subqueries)
+    "v_not_exists_grouped_coalesce": "SELECT a FROM r WHERE NOT EXISTS (SELECT 1 FROM s WHERE s.c > coalesce(r.a, 1) "
+                                     "GROUP BY s.b HAVING count(*) > 1)",
     "v_exists_having_outer": "SELECT a, b FROM r WHERE EXISTS (SELECT 1 FROM s WHERE s.b = r.b "
                              "HAVING count(*) < r.a)",
     # correlated by columns of two enclosing tables: their values as the enclosing query's FROM pairs them
@@ -207,6 +209,8 @@ SQL_VIEWS = {
     # (NOT IN: none equal, none NULL, or no group at all)
     "v_in_grouped_correlated": "SELECT a, b FROM r WHERE a IN (SELECT max(s.c) FROM s WHERE s.b <> r.b "
                                "GROUP BY s.b HAVING count(*) > 1)",
+    "v_not_in_grouped_correlated": "SELECT a, b FROM r WHERE a NOT IN (SELECT max(s.c) FROM s WHERE s.b = r.b "
+                                   "GROUP BY s.c)",
     "v_any_grouped": "SELECT a FROM r WHERE a > ANY (SELECT min(s.c) FROM s GROUP BY s.b HAVING count(*) > 1)",
     # scalar subqueries (ivm.lang.scalar_subqueries): correlated by equality or not, a count over no rows (0,
     # not NULL: the COUNT bug), a MAX in the SELECT list, an uncorrelated AVG; and in a GROUP BY query: inside
@@ -225,6 +229,14 @@ SQL_VIEWS = {
     "v_any": "SELECT a, b FROM r WHERE a > ANY (SELECT c FROM s WHERE s.b = r.b)",
     "v_exists_theta": "SELECT a, b FROM r WHERE EXISTS (SELECT 1 FROM s WHERE s.c > r.a)",
     "v_not_exists_theta": "SELECT a FROM r WHERE NOT EXISTS (SELECT 1 FROM s WHERE s.b = r.b AND s.c <= r.a + 1)",
+    # a correlation that holds where the outer column is NULL: the probe's NULL meets the semijoin NULL-safe
+    # (with an equality beside it, which still meets no NULL), in NOT EXISTS and in an outer join's padding
+    "v_not_exists_null_finds": "SELECT a, b FROM r WHERE NOT EXISTS (SELECT 1 FROM s WHERE s.b = r.b "
+                               "AND s.c > coalesce(r.a, 1))",
+    "v_exists_null_finds": "SELECT a FROM r WHERE EXISTS (SELECT 1 FROM s WHERE s.c > coalesce(r.a, 2))",
+    "v_left_null_finds": "SELECT r.a, s.c FROM r LEFT JOIN s ON s.c > coalesce(r.a, 1)",
+    "v_in_null_finds": "SELECT a, b FROM r WHERE b IN (SELECT s.b FROM s WHERE s.c > coalesce(r.a, 1))",
+    "v_not_in_null_finds": "SELECT a, b FROM r WHERE b NOT IN (SELECT s.b FROM s WHERE s.c > coalesce(r.a, 5))",
     "v_not_in": "SELECT a FROM r WHERE a NOT IN (SELECT c FROM s)",
     "v_not_in_correlated": "SELECT a, b FROM r WHERE a + 1 NOT IN (SELECT c FROM s WHERE s.b = r.b)",
     "v_left": "SELECT r.a, r.b, s.c FROM r LEFT JOIN s ON r.b = s.b",
@@ -250,6 +262,9 @@ SQL_VIEWS = {
     "v_left_then_right": "SELECT r.a, s.c, r2.b AS b2 FROM r LEFT JOIN s ON r.b = s.b RIGHT JOIN r r2 ON r2.a = r.a",
     "v_left_then_full": "SELECT r.a, s.c, r2.a AS a2, r2.b AS b2 FROM r LEFT JOIN s ON r.b = s.b "
                         "FULL JOIN r r2 ON r2.a = r.a AND r2.b >= r.b",
+    # (the right side's padding after a LEFT JOIN, by an ON that holds where the left side's padded NULL is)
+    "v_left_then_full_null_finds": "SELECT r.a, s.c, r2.a AS a2 FROM r LEFT JOIN s ON r.b = s.b "
+                                   "FULL JOIN r r2 ON r2.a > coalesce(s.c, 0)",
     "v_left_then_right_padded": "SELECT r.a, s.c, r2.b AS b2 FROM r LEFT JOIN s ON r.b = s.b "
                                 "RIGHT JOIN r r2 ON r2.a = s.c",
 }

@@ -61,6 +61,26 @@ def test_every_construct_matches_duckdb(spark, data):
         assert ours[view] == theirs[view], view
 
 
+def test_a_null_outer_value_meets_the_rows_its_correlation_finds(spark):
+    """A correlation that holds where the outer column is NULL (``s.c > coalesce(r.a, 2)``) is read through
+    a probe of the outer rows; their NULL must meet the subquery's rows NULL-safe — in EXISTS, NOT EXISTS,
+    [NOT] IN, an outer join's padding (after another outer join too) and a grouping read once per outer
+    value — where an equality beside it still meets no NULL (the drawn databases rarely hold the NULL and
+    the rows it finds together)."""
+    data = {name: [] for name in TABLES}
+    data["r"] = [(None, "x"), (None, "y"), (1, "x"), (4, "z"), (None, None)]
+    data["s"] = [("x", 3), ("x", 2), ("y", 0), (None, 5), ("y", 4), ("y", 6)]
+    ours, theirs = spark_views(spark, data), duckdb_views(data)
+    assert (None,) in theirs["v_exists_null_finds"] and (None, "y") not in theirs["v_not_exists_null_finds"]
+    assert (None,) not in theirs["v_not_exists_grouped_coalesce"]
+    assert (None, 3) in theirs["v_left_null_finds"] and (None, None, 1) in theirs["v_left_then_full_null_finds"]
+    assert (None, "y") in theirs["v_in_null_finds"]
+    assert (None, "x") in theirs["v_not_in_null_finds"] and (None, "y") not in theirs["v_not_in_null_finds"]
+    for view in ("v_exists_null_finds", "v_not_exists_null_finds", "v_left_null_finds", "v_in_null_finds",
+                 "v_not_in_null_finds", "v_left_then_full_null_finds", "v_not_exists_grouped_coalesce"):
+        assert ours[view] == theirs[view], view
+
+
 def test_empty_tables_keep_the_global_aggregate_row(spark):
     empty = {name: [] for name in TABLES}
     empty_ours = spark_views(spark, empty)

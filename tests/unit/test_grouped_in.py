@@ -36,8 +36,8 @@ def _run(con, sql: str) -> Counter:
 
 def test_the_library_names_the_rewritten_forms():
     assert {"v_exists_grouped_theta", "v_not_exists_having_outer", "v_exists_having_only", "v_exists_having_none",
-            "v_not_exists_having_none", "v_exists_grouped_off",
-            "v_exists_having_outer", "v_in_grouped_correlated",
+            "v_not_exists_having_none", "v_exists_grouped_off", "v_not_exists_grouped_coalesce",
+            "v_exists_having_outer", "v_in_grouped_correlated", "v_not_in_grouped_correlated",
             "v_any_grouped", "v_exists_grouped_two"} <= set(GROUPED)
 
 

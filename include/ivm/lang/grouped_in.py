@@ -7,12 +7,12 @@ becomes an IN over a subquery in FROM, which the compiler maintains as an aggreg
 
 The same rows, by SQL's definition of a derived table. [NOT] EXISTS over a subquery that groups is read
 the same way (`_exists`: equalities of outer columns with the subquery's columns moved out of the grouping;
-any other correlation by the enclosing query's columns read once per value of them), a correlated IN or
-ANY as such an EXISTS (`_as_exists`), and a correlated EXISTS over one group per outer row whose HAVING over
-no rows reads the outer row as that HAVING's value (`exists_as_values`, run before the scalar subqueries'
-pass). What none of them reads (correlated by a LATERAL VIEW's column or a query two levels out, or where
-a NULL of the outer column finds rows; a correlated NOT IN; an IN or ANY that is not a conjunct of WHERE)
-stays as it is and the compiler refuses it in one line, as it refuses ORDER BY / LIMIT there. It runs on
+any other correlation by the enclosing query's columns read once per value of them), a correlated IN, NOT
+IN or ANY as such an EXISTS (`_as_exists`), and a correlated EXISTS over one group per outer row whose HAVING
+over no rows reads the outer row as that HAVING's value (`exists_as_values`, run before the scalar
+subqueries' pass). What none of them reads (correlated by a LATERAL VIEW's column or a query two levels
+out; an IN, NOT IN or ANY that is not a conjunct of WHERE) stays as it is and the compiler refuses it in
+one line, as it refuses ORDER BY / LIMIT there. It runs on
 the qualified tree (every column names its table), where sqlglot's scopes tell an outer column from an
 inner one; pure functions from tree to tree.
 
@@ -34,7 +34,7 @@ from sqlglot import exp
 from sqlglot.executor import execute
 from sqlglot.optimizer.scope import Scope, build_scope
 
-from ivm.lang.scalar_subqueries import COMPARISONS, STRICT, conjuncts, over_no_rows
+from ivm.lang.scalar_subqueries import conjuncts, null_rejecting, over_no_rows
 
 
 def _groups(select: exp.Expression) -> bool:
@@ -66,17 +66,18 @@ def rewrite(tree: exp.Expression) -> exp.Expression:
 
 
 def _as_exists(tree: exp.Expression) -> exp.Expression:
-    """IN and ANY over a query that groups, each a conjunct of WHERE, as the EXISTS of a group whose value
-    answers them (which `_exists` then reads):
+    """IN, NOT IN and ANY over a query that groups, each a conjunct of WHERE, as the [NOT] EXISTS of a group
+    whose value answers them (which `_exists` then reads):
 
         x IN (SELECT k FROM t WHERE w GROUP BY g HAVING c)  ->  EXISTS (SELECT 1 FROM t WHERE w GROUP BY g
                                                                         HAVING c AND k = x)
         x op ANY (SELECT k ...)                              ->  EXISTS (... HAVING c AND x op k)
+        x NOT IN (SELECT k ...)                              ->  NOT EXISTS (... HAVING c AND
+                                                                        (k = x OR k IS NULL OR x IS NULL))
 
-    The same rows where a NULL drops the row as FALSE does. A correlated NOT IN would be NOT EXISTS (...
-    HAVING c AND (k = x OR k IS NULL OR x IS NULL)), whose x under IS NULL `_exists` does not read (a NULL
-    there finds rows): it stays as it is, refused. An uncorrelated IN or NOT IN keeps the cheaper route of
-    `rewrite`."""
+    The same rows where a NULL drops the row as FALSE does; NOT IN is NULL, so drops the row, when x or a
+    value is NULL over a non-empty set (hence its two IS NULLs: x there correlates NULL-safe,
+    `_by_outer_values`). An uncorrelated IN or NOT IN keeps the cheaper route of `rewrite`."""
     root = build_scope(tree)
     if root is None:
         return tree
@@ -86,10 +87,13 @@ def _as_exists(tree: exp.Expression) -> exp.Expression:
         if not _groups(select) or len(select.expressions) != 1:
             continue
         k = select.expressions[0].unalias()
-        if (isinstance(query, exp.In) and scope.external_columns and not isinstance(query.this, exp.Tuple)
-                and not isinstance(query.parent, exp.Not)):
+        if isinstance(query, exp.In) and scope.external_columns and not isinstance(query.this, exp.Tuple):
             condition, x = query, query.this
             match = exp.EQ(this=k.copy(), expression=x.copy())
+            if isinstance(query.parent, exp.Not):
+                condition = query.parent
+                match = exp.or_(match, exp.Is(this=k.copy(), expression=exp.null()),
+                                exp.Is(this=x.copy(), expression=exp.null()))
         elif isinstance(query, exp.Any) and isinstance(query.parent, (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT,
                                                                       exp.LTE)):
             condition = query.parent
@@ -150,11 +154,10 @@ def _exists(tree: exp.Expression) -> exp.Expression:
                           HAVING NOT COALESCE(c, FALSE)) AS __ex0 WHERE __ex0.c0 = o.x)
 
     Where an outer column stands other than in a comparison or arithmetic that is a conjunct of WHERE or
-    HAVING (under OR, COALESCE, IS NULL: a NULL there may find rows), it stays as it is and the compiler
-    refuses it: the compiler's probe of the outer rows meets them by equality, which drops that NULL. A
-    HAVING over no rows that reads the outer row is `exists_as_values`'s, before
-    this; a LATERAL VIEW's column, or a column of a query further out, stays as it is and the compiler
-    refuses it in one line. An uncorrelated query moves whole."""
+    HAVING (under OR, COALESCE, IS NULL: a NULL there may find rows), the outer values correlate NULL-safe
+    (``__ex0.c0 <=> o.x``: the NULL value's group is that row's). A HAVING over no rows that reads the
+    outer row is `exists_as_values`'s, before this; a LATERAL VIEW's column, or a column of a query further
+    out, stays as it is and the compiler refuses it in one line. An uncorrelated query moves whole."""
     root = build_scope(tree)
     if root is None:
         return tree
@@ -174,18 +177,18 @@ def _exists(tree: exp.Expression) -> exp.Expression:
             if complement is None:
                 continue
         grouped = inner.args["group"].expressions if inner.args.get("group") else []
-        joined = [k for k, _ in keys if not any(k == x for x in grouped)]
+        joined = [k for k, _, _ in keys if not any(k == x for x in grouped)]
         if joined:  # (a correlation by a column not grouped by: it joins the grouping)
             inner.set("group", exp.Group(expressions=[*grouped, *[k.copy() for k in joined]]))
         if complement:
             having = inner.args["having"].this if inner.args.get("having") else exp.true()
             inner.set("having", exp.Having(this=exp.not_(exp.func("COALESCE", having, exp.false()))))
         name = f"__ex{n}"
-        inner.set("expressions", [exp.alias_(k.copy(), f"c{i}") for i, (k, _) in enumerate(keys)] or
+        inner.set("expressions", [exp.alias_(k.copy(), f"c{i}") for i, (k, _, _) in enumerate(keys)] or
                   [exp.alias_(exp.Literal.number(1), "c0")])
         outer = exp.select("1").from_(inner.subquery(name))
-        for i, (_, o) in enumerate(keys):
-            outer = outer.where(exp.EQ(this=exp.column(f"c{i}", table=name), expression=o.copy()))
+        for i, (_, o, equal) in enumerate(keys):
+            outer = outer.where(equal(this=exp.column(f"c{i}", table=name), expression=o.copy()))
         if not complement:
             node.set("this", outer)
         elif isinstance(node.parent, exp.Not):
@@ -233,7 +236,9 @@ def exists_as_values(tree: exp.Expression) -> exp.Expression:
     return tree
 
 
-Keys = list[tuple[exp.Expression, exp.Column]]
+#: each grouping column the correlation compares, the outer column it compares with, and how: ``=``, or
+#: ``<=>`` where that column's NULL may find rows (`_by_outer_values`)
+Keys = list[tuple[exp.Expression, exp.Column, type[exp.EQ] | type[exp.NullSafeEQ]]]
 
 
 def _by_equalities(select: exp.Select, moved: list) -> tuple[exp.Select, Keys]:
@@ -242,18 +247,15 @@ def _by_equalities(select: exp.Select, moved: list) -> tuple[exp.Select, Keys]:
     kept = [c for c in conjuncts(inner.args.get("where") and inner.args["where"].this)
             if not any(c == m for m, _, _ in moved)]
     inner.set("where", exp.Where(this=exp.and_(*kept)) if kept else None)
-    return inner, [(g, o) for _, g, o in moved]
-
-
-#: where an outer column may stand in `_by_outer_values`: each of these is NULL when it is
-_STRICT = (*COMPARISONS, *STRICT)
+    return inner, [(g, o, exp.EQ) for _, g, o in moved]
 
 
 def _by_outer_values(scope: Scope, select: exp.Select, n: int) -> tuple[exp.Select, Keys] | None:
     """The subquery joined with the distinct values of the outer columns it names, which it reads there;
-    None unless they are columns of the enclosing query's sources, each in a conjunct of WHERE or HAVING
-    under comparisons and arithmetic only (elsewhere — under OR, COALESCE, IS NULL — a NULL there may find
-    rows, which the compiler's probe of the outer rows, joining by equality, drops).
+    None unless they are columns of the enclosing query's sources, each in a conjunct of WHERE or HAVING.
+    An outer column under comparisons and arithmetic only finds no rows where it is NULL, and its value
+    correlates by ``=``; elsewhere (under OR, COALESCE, IS NULL) its NULL may find rows, the NULL value's
+    group is that outer row's, and it correlates by ``<=>`` (which the compiler meets NULL-safe).
 
     The values are read from the one table that holds them, or, for columns of several, from a copy of
     the enclosing query's FROM and its joins (before its WHERE: every row the EXISTS is asked about, and
@@ -263,12 +265,15 @@ def _by_outer_values(scope: Scope, select: exp.Select, n: int) -> tuple[exp.Sele
         return None
     tops = {id(x) for k in ("where", "having") if select.args.get(k) is not None
             for x in conjuncts(select.args[k].this)}
+    lenient = set()
     for c in external:
-        node = c
-        while id(node) not in tops and isinstance(node.parent, _STRICT):
-            node = node.parent
-        if id(node) not in tops:
+        top = c
+        while top.parent is not None and id(top) not in tops:
+            top = top.parent
+        if id(top) not in tops:
             return None
+        if not null_rejecting(c, top):
+            lenient.add((c.table, c.name))
     keys = list(dict.fromkeys((c.table, c.name) for c in external))
     probe_name = f"__exo{n}"
     tables = {t for t, _ in keys}
@@ -305,7 +310,8 @@ def _by_outer_values(scope: Scope, select: exp.Select, n: int) -> tuple[exp.Sele
     first = {}
     for c in external:
         first.setdefault((c.table, c.name), c)
-    return inner, [(exp.column(f"x{i}", table=probe_name), first[k]) for i, k in enumerate(keys)]
+    return inner, [(exp.column(f"x{i}", table=probe_name), first[k], exp.NullSafeEQ if k in lenient else exp.EQ)
+                   for i, k in enumerate(keys)]
 
 
 #: the aggregates whose value over no rows `scalar_subqueries.over_no_rows` gives (COUNT 0, these NULL);

@@ -68,6 +68,16 @@ COMPARISONS = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE)
 STRICT = (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Mod, exp.Neg, exp.Paren, exp.Cast)
 
 
+def null_rejecting(column: exp.Expression, top: exp.Expression) -> bool:
+    """Whether ``top`` (a conjunct) cannot hold where ``column`` in it is NULL: the column reaches it through
+    comparisons and arithmetic only, each NULL when an operand is (under OR, COALESCE, IS NULL, a CASE or
+    a function a NULL there may still make it hold, so it is not)."""
+    node = column
+    while node is not top and isinstance(node.parent, (*COMPARISONS, *STRICT)):
+        node = node.parent
+    return node is top
+
+
 def over_no_rows(value: exp.Expression) -> exp.Expression:
     """The subquery's value where its group has no rows: each count 0, each other aggregate NULL."""
     def empty(node: exp.Expression) -> exp.Expression:

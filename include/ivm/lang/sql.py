@@ -76,10 +76,13 @@ class _Block:
     correlations: list[tuple[str, str]] = field(default_factory=list)
     #: variables that are NULL in this block: the padded side of an outer join
     nulls: set[str] = field(default_factory=set)
+    #: the inner variables of correlations read through a probe of the outer bindings (`_probe`) where an
+    #: outer column's NULL may make a condition hold: the semijoin meets them NULL-safe (`_semijoin`)
+    probed: set[str] = field(default_factory=set)
 
     def copy(self) -> _Block:
         return _Block({a: dict(c) for a, c in self.scope.items()}, dict(self.parent), list(self.body),
-                      list(self.correlations), set(self.nulls))
+                      list(self.correlations), set(self.nulls), set(self.probed))
 
     def find(self, v: str) -> str:
         while self.parent.get(v, v) != v:
@@ -451,8 +454,9 @@ class SqlCompiler:
                     inner.correlations = []
                     self._correlate(list(on), inner, padded)
                     inners.append(inner)
-                partners, outer_vars = self._semijoin(*inners)
-                padded.body.append(Literal(Atom(partners, tuple(Var(o) for o in outer_vars)), negated=True))
+                partners, outer_vars, null_safe = self._semijoin(*inners)
+                padded.body.append(Literal(Atom(partners, tuple(Var(o) for o in outer_vars)), negated=True,
+                                           null_safe=null_safe))
             out.append(padded)
         return out
 
@@ -471,19 +475,28 @@ class SqlCompiler:
             if mine:
                 self._conjunct(c, inner, None)  # a condition on the joined table alone
         inner.correlations += pairs
-        return self._semijoin(inner)
+        partners, outer_vars, _ = self._semijoin(inner)  # (equalities only: no probe)
+        return partners, outer_vars
 
-    def _semijoin(self, *inners: _Block) -> tuple[str, list[str]]:
-        """A set predicate of the inner blocks' correlated columns (a rule each: their union), and the outer
-        variables they pair with: what EXISTS and an outer join's partner test join with."""
+    def _semijoin(self, *inners: _Block) -> tuple[str, list[str], bool]:
+        """A set predicate of the inner blocks' correlated columns (a rule each: their union), the outer
+        variables they pair with — what EXISTS and an outer join's partner test join with — and whether
+        that join is NULL-safe. It is where a condition was read through a probe of the outer bindings: the
+        probe holds an outer row's NULL as it is, and a condition that holds there (``s.c > coalesce(r.a,
+        1)``) gives the predicate a row with that NULL, which only a NULL-safe join meets (a condition NULL
+        there gives none, so the join is the same for the others); the plain equalities' inner columns are
+        then kept from NULL, so that they still meet no NULL."""
         outer = [o for o, _ in inners[0].correlations]
         if any([o for o, _ in b.correlations] != outer for b in inners):  # (one ON read alike in each block)
             raise RuntimeError(f"views.{self.view}: the blocks of an outer join correlate differently")
         aux = self._aux([f"k{i}" for i in range(len(outer))], "set", "exists")
+        null_safe = any(inner.probed for inner in inners)
         for inner in inners:
-            self._add_rule(Rule(Atom(aux.name, tuple(Var(i) for _, i in inner.correlations)), tuple(inner.body)),
-                           inner)
-        return aux.name, outer
+            kept = [_not_null(exp.column(i, quoted=True)) for _, i in inner.correlations
+                    if null_safe and i not in inner.probed]
+            self._add_rule(Rule(Atom(aux.name, tuple(Var(i) for _, i in inner.correlations)),
+                                (*inner.body, *kept)), inner)
+        return aux.name, outer, null_safe
 
     def _cross_equality(self, c: exp.Expression, left: _Block, right: _Block) -> tuple[str, str] | None:
         """(left variable, right variable) if ``c`` is ``column = column`` across the two blocks."""
@@ -564,9 +577,8 @@ class SqlCompiler:
         # and ANY that ivm.lang.grouped_in reads were read through a subquery in FROM before; what reaches
         # here is refused, saying what is read
         # (its DISTINCT changes nothing: EXISTS and IN ask whether a row is there)
-        grouped = ("a grouping is read inside EXISTS, and inside IN and ANY conjuncts of WHERE, when correlated "
-                   "by columns of the FROM right around it, each in a comparison or arithmetic (not under "
-                   "COALESCE, OR or IS NULL; not a LATERAL VIEW's); inside NOT IN when uncorrelated")
+        grouped = ("a grouping is read inside EXISTS, and inside IN, NOT IN and ANY conjuncts of WHERE, when "
+                   "correlated by columns of the FROM right around it (not a LATERAL VIEW's)")
         for part, what in (("group", "GROUP BY"), ("having", "HAVING"), ("with", "WITH"), ("order", "ORDER BY"),
                            ("limit", "LIMIT"), ("offset", "OFFSET")):
             if sel.args.get(part) is not None:
@@ -624,6 +636,11 @@ class SqlCompiler:
         for c in residual:
             inner.body.append(Condition(c.copy().transform(swap)))
         inner.correlations += [(v, mine[v]) for v in outer_vars]
+        # (where each outer column's NULL makes its condition fail, the probe's NULLs find no rows and the
+        # join by equality is the same as the NULL-safe one; only the others are read NULL-safe)
+        if any(not scalar_subqueries.null_rejecting(col, c) for c in residual for col in c.find_all(exp.Column)
+               if self._var(col, inner) is None):
+            inner.probed |= set(mine.values())
 
     def _any(self, c: exp.Expression, block: _Block) -> None:
         """``x op ANY (SELECT y ...)`` is ``EXISTS (SELECT ... WHERE x op y)`` (003 §6.3)."""
@@ -637,8 +654,8 @@ class SqlCompiler:
     def _exists(self, query: exp.Expression, block: _Block, negated: bool,
                 extra: exp.Expression | None = None) -> None:
         _, inner = self._correlated(query, block, extra)
-        pred, outer_vars = self._semijoin(inner)
-        block.body.append(Literal(Atom(pred, tuple(Var(o) for o in outer_vars)), negated=negated))
+        pred, outer_vars, null_safe = self._semijoin(inner)
+        block.body.append(Literal(Atom(pred, tuple(Var(o) for o in outer_vars)), negated=negated, null_safe=null_safe))
 
     def _in(self, node: exp.In, block: _Block) -> None:
         sel, inner = self._correlated(node.args["query"], block)
@@ -647,13 +664,19 @@ class SqlCompiler:
         value = self._term(sel.expressions[0].unalias(), inner)
         pred = self._aux(["v"] + [f"k{i}" for i in range(len(inner.correlations))], "set", "in")
         head = Atom(pred.name, (value, *(Var(i) for _, i in inner.correlations)))
-        self._add_rule(Rule(head, tuple(inner.body)), inner)
+        # (a condition read through a probe meets the outer NULL NULL-safe, as `_semijoin` says; the value
+        # and the plain equalities then meet no NULL: a NULL value is in no set)
+        null_safe = bool(inner.probed)
+        kept = [_not_null(value.tree if isinstance(value, Expr) else exp.column(value.name, quoted=True)),
+                *(_not_null(exp.column(i, quoted=True)) for _, i in inner.correlations if i not in inner.probed)]
+        self._add_rule(Rule(head, (*inner.body, *(kept if null_safe else ()))), inner)
         probe = self._term(node.this, block)
         if not isinstance(probe, Var):
             v = Var(self._fresh("in"))
             block.body.append(Assign(v, probe))
             probe = v
-        block.body.append(Literal(Atom(pred.name, (probe, *(Var(o) for o, _ in inner.correlations)))))
+        block.body.append(Literal(Atom(pred.name, (probe, *(Var(o) for o, _ in inner.correlations))),
+                                  null_safe=null_safe))
 
     def _not_in(self, node: exp.In, block: _Block) -> None:
         """``x NOT IN (SELECT c ...)`` with SQL's NULL semantics: true when the subquery is empty;
@@ -667,14 +690,20 @@ class SqlCompiler:
         keys = [f"k{i}" for i in range(len(inner.correlations))]
         inner_corr = tuple(Var(i) for _, i in inner.correlations)
         outer_corr = tuple(Var(o) for o, _ in inner.correlations)
+        # (a condition read through a probe meets the outer NULL NULL-safe, as `_semijoin` says; the plain
+        # equalities then meet no NULL)
+        null_safe = bool(inner.probed)
+        body = (*inner.body, *(_not_null(exp.column(i, quoted=True)) for _, i in inner.correlations
+                               if null_safe and i not in inner.probed))
         values = self._aux(["v", *keys], "set", "in")
-        self._add_rule(Rule(Atom(values.name, (value, *inner_corr)), tuple(inner.body)), inner)
-        nulls = self._aux(keys, "set", "in")
         value_tree = value.tree if isinstance(value, Expr) else exp.column(value.name, quoted=True)
+        self._add_rule(Rule(Atom(values.name, (value, *inner_corr)),
+                            (*body, *((_not_null(value_tree),) if null_safe else ()))), inner)
+        nulls = self._aux(keys, "set", "in")
         self._add_rule(Rule(Atom(nulls.name, inner_corr),
-                            (*inner.body, Condition(exp.Is(this=value_tree.copy(), expression=exp.Null())))), inner)
+                            (*body, Condition(exp.Is(this=value_tree.copy(), expression=exp.Null())))), inner)
         nonempty = self._aux(["f", *keys], "set", "in")
-        self._add_rule(Rule(Atom(nonempty.name, (Const(True), *inner_corr)), tuple(inner.body)), inner)
+        self._add_rule(Rule(Atom(nonempty.name, (Const(True), *inner_corr)), body), inner)
         probe = self._term(node.this, block)
         if not isinstance(probe, Var):
             v = Var(self._fresh("in"))
@@ -682,10 +711,10 @@ class SqlCompiler:
             probe = v
         flag = Var(self._fresh("is_null"))
         block.body += [
-            Literal(Atom(values.name, (probe, *outer_corr)), negated=True),
-            Literal(Atom(nulls.name, outer_corr), negated=True),
+            Literal(Atom(values.name, (probe, *outer_corr)), negated=True, null_safe=null_safe),
+            Literal(Atom(nulls.name, outer_corr), negated=True, null_safe=null_safe),
             Assign(flag, Expr(exp.Is(this=exp.column(probe.name, quoted=True), expression=exp.Null()))),
-            Literal(Atom(nonempty.name, (flag, *outer_corr)), negated=True),
+            Literal(Atom(nonempty.name, (flag, *outer_corr)), negated=True, null_safe=null_safe),
         ]
 
     # -- expressions ---------------------------------------------------------------------------------
@@ -821,6 +850,10 @@ def _arg(node: exp.Expression, name: str):
     return value if value is not None else node.args.get(name)
 
 
+def _not_null(tree: exp.Expression) -> Condition:
+    return Condition(tree.copy().is_(exp.null()).not_())
+
+
 def _subqueries_last(conjuncts: list[exp.Expression]) -> list[exp.Expression]:
     """A conjunction's conditions with those holding a subquery last (its order changes nothing else): a
     probe of the outer bindings (`_probe`) then holds every equality and filter of its rule, not only those
@@ -852,11 +885,12 @@ def _resolved(rule: Rule, block: _Block) -> Rule | None:
     body = []
     for i in rule.body:
         if isinstance(i, Literal):
-            padded = any(isinstance(a, Var) and is_null(a.name) for a in i.atom.args)
+            padded = not i.null_safe and any(isinstance(a, Var) and is_null(a.name) for a in i.atom.args)
             if padded and not i.negated:
                 return None  # a join on a padded NULL finds nothing
             if padded:
                 continue  # NOT EXISTS on a NULL correlation holds: NULL equals nothing
+            # (a NULL-safe one meets the padded NULL: its argument is the constant NULL, read IS NULL)
             body.append(Literal(Atom(i.atom.pred, tuple(term(a) for a in i.atom.args)), i.negated, i.null_safe))
         elif isinstance(i, Condition):
             body.append(Condition(tree(i.tree)))

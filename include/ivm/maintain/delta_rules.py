@@ -108,11 +108,11 @@ def rule_sql(program: Program, rule: Rule, states: tuple[str | None, ...] | None
             lambda n: binding[n.name].copy() if isinstance(n, exp.Column) and n.name in binding else n
         ).sql(dialect="spark")
 
-    def bind_atom(alias: str, columns: list[str], args) -> None:
+    def bind_atom(alias: str, columns: list[str], args, eq: str = "=") -> None:
         for c, a in zip(columns, args, strict=True):
             if isinstance(a, Var):
                 if a.name in binding:
-                    where.append(f"{alias}.{c} = {binding[a.name].sql(dialect='spark')}")
+                    where.append(f"{alias}.{c} {eq} {binding[a.name].sql(dialect='spark')}")
                 else:
                     binding[a.name] = col(alias, c)
             elif isinstance(a, Const):
@@ -131,7 +131,8 @@ def rule_sql(program: Program, rule: Rule, states: tuple[str | None, ...] | None
                              f"Δ{item.atom.pred} no longer in {item.atom.pred}, -1 for those newly in it */")
             else:
                 froms.append(f"{rel(item.atom.pred, state)} AS {alias}")
-            bind_atom(alias, program.predicates[item.atom.pred].columns, item.atom.args)
+            bind_atom(alias, program.predicates[item.atom.pred].columns, item.atom.args,
+                      "<=>" if item.null_safe else "=")
             count_terms.append(f"{alias}.__count")
         elif isinstance(item, GroupBy):
             n += 1
@@ -185,6 +186,8 @@ def rule_sql(program: Program, rule: Rule, states: tuple[str | None, ...] | None
             conds = [f"n.{c} {eq} {binding[a.name].sql(dialect='spark')}" for c, a in zip(columns, item.atom.args,
                                                                                           strict=True)
                      if isinstance(a, Var) and a.name in binding]
+            conds += [f"n.{c} IS NULL" if a.value is None else f"n.{c} = {exp.convert(a.value).sql(dialect='spark')}"
+                      for c, a in zip(columns, item.atom.args, strict=True) if isinstance(a, Const)]
             where.append(f"NOT EXISTS (SELECT 1 FROM {rel(item.atom.pred, state)} AS n"
                          f"{' WHERE ' + ' AND '.join(conds) if conds else ''})")
     head_cols = program.predicates[rule.head.pred].columns

@@ -11,7 +11,8 @@ with Spark's own aggregate functions, so NULLs and empty inputs behave as SQL sa
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections import Counter
+from collections.abc import Callable, Collection, Mapping
 from functools import reduce
 
 from pyspark.sql import Column, DataFrame
@@ -208,9 +209,7 @@ class Evaluator:
         onto ``df`` if given: (the joined relation, the body items joined, the variables bound by a
         restricting first item alone)."""
         joined: set[int] = set()
-        # set operators compare whole tuples with NULLs equal: the rule's joins are all null-safe then,
-        # whichever side the joins start from
-        null_safe = any(isinstance(i, Literal) and i.null_safe for i in rule.body)
+        null_safe = null_safe_variables(rule)
         lead: set[str] = set()  # variables bound by the restricting first item alone
         for i in order:
             item = rule.body[i]
@@ -218,7 +217,7 @@ class Evaluator:
                 right = subgoal(i, item)
                 if right is not None:
                     start = df is None
-                    df = natural_join(df, right, null_safe and isinstance(item, Literal), lead)
+                    df = natural_join(df, right, lead | (null_safe if isinstance(item, Literal) else set()))
                     lead = {c for c in right.columns if c != C} if start and restrict_first else \
                         lead - set(right.columns)
                     joined.add(i)
@@ -332,17 +331,27 @@ def _head_column(arg, name: str):
     raise ConfigError(f"_ cannot appear in a rule head (column {name})")
 
 
-def natural_join(left: DataFrame | None, right: DataFrame, null_safe: bool,
-                 lead: set[str] = frozenset()) -> DataFrame:
-    """Natural join on shared variables; Z-set counts multiply. Variables in ``lead`` (bound by a
-    restricting first item alone) match with NULLs equal."""
+def null_safe_variables(rule: Rule) -> set[str]:
+    """The variables a rule's joins match with NULLs equal: those of a NULL-safe literal (a set operator's
+    other side, compared as whole tuples; a correlation read through a probe of outer rows that may hold
+    NULL) that at most one other positive literal binds. Where two others bind one, SQL equated them with
+    ``=`` and it is never NULL, whichever side the joins start from."""
+    bound = Counter(a.name for i in rule.body if isinstance(i, Literal) and not i.negated and not i.null_safe
+                    for a in set(i.atom.args) if isinstance(a, Var))
+    return {a.name for i in rule.body if isinstance(i, Literal) and i.null_safe for a in i.atom.args
+            if isinstance(a, Var) and bound[a.name] <= 1}
+
+
+def natural_join(left: DataFrame | None, right: DataFrame, null_safe: Collection[str] = frozenset()) -> DataFrame:
+    """Natural join on shared variables; Z-set counts multiply. Variables in ``null_safe`` (of a NULL-safe
+    literal, `null_safe_variables`; bound by a restricting first item alone) match with NULLs equal."""
     if left is None:
         return right
     shared = [c for c in right.columns if c != C and c in left.columns]
     r = right.withColumnRenamed(C, "__rc")
     for c in shared:
         r = r.withColumnRenamed(c, f"__r_{c}")
-    cond = [_equal(left[quote(c)], r[quote(f"__r_{c}")], null_safe or c in lead) for c in shared]
+    cond = [_equal(left[quote(c)], r[quote(f"__r_{c}")], c in null_safe) for c in shared]
     joined = left.join(r, reduce(lambda a, b: a & b, cond), "inner") if cond else left.crossJoin(r)
     return (joined.withColumn(C, F.col(C) * F.col("__rc"))
                   .drop("__rc", *[f"__r_{c}" for c in shared]))

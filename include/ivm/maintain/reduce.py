@@ -453,7 +453,7 @@ class _Update:
                                              for c in ALL_SIDES]) for name, df in parts.items()])
         else:
             self.joined |= atom.variables()
-            t = natural_join(F.broadcast(self.t) if self.broadcast else self.t, self.rel[self.order[i]], False)
+            t = natural_join(F.broadcast(self.t) if self.broadcast else self.t, self.rel[self.order[i]])
             t = t.select(*[F.col(quote(c)) for c in t.columns if c not in ALL_SIDES],
                          *[(F.col(c) * F.col(C)).alias(c) for c in ALL_SIDES])
         self.t = r._select(t, self._newly_applicable() if r._plus() else [])
