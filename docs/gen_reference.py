@@ -162,7 +162,10 @@ def cli() -> str:
                     and "exit_code" in vars(c)), key=lambda c: (c.exit_code, c.__name__))
     for c in kinds:
         lines.append(f"| {c.exit_code} | `{c.__name__}` | {inspect.cleandoc(c.__doc__ or '').replace(chr(10), ' ')} |")
-    lines += ["", "## Commands", ""]
+    lines += ["", "A failure inside Spark itself (a view the data does not fit, such as ANSI SQL's CAST of a malformed "
+              "value; memory run out) ends the same way, with exit code 1: `ivm: error: COMMAND: Spark failed: "
+              "CAUSE`, the cause Spark names (with what to raise when memory ran out); `-v` prints Spark's trace.",
+              "", "## Commands", ""]
 
     def walk(p: argparse.ArgumentParser, prefix: str):
         subs = [a for a in p._actions if isinstance(a, argparse._SubParsersAction)]  # noqa: SLF001 - argparse's only API

@@ -16,8 +16,9 @@ from tabulate import tabulate
 
 from ivm import __version__
 from ivm.config import QUIET_JVM_ENV
-from ivm.errors import IvmError
+from ivm.errors import IvmError, one_line, out_of_memory
 from ivm.modes import Mode
+from ivm.spark import spark_errors
 from ivm.vocabulary import Outcome, StageName
 
 log = logging.getLogger("ivm")
@@ -502,6 +503,14 @@ def _run(args) -> int:
         if args.verbose:
             log.exception("details")
         return e.exit_code
+    except spark_errors() as e:  # (a failure inside Spark: one line, its cause; the stack with -v)
+        hint = ("; Spark ran out of memory: raise spark.driver.memory under spark.conf in the project file (a "
+                "local master), the executors' memory on a cluster" if out_of_memory(e) else "")
+        print(f"ivm: error: {args.command}: Spark failed: {one_line(e)}{hint} (ivm -v for Spark's trace)",
+              file=sys.stderr, flush=True)
+        if args.verbose:
+            log.exception("details")
+        return 1
     except KeyboardInterrupt:
         print("ivm: interrupted", file=sys.stderr)
         return 130

@@ -1,5 +1,7 @@
 """The exceptions ivm raises. The CLI turns each into a one-line message and a non-zero exit."""
 
+import re
+
 
 class IvmError(Exception):
     """Base class: a problem the user can act on. ``str(e)`` is the one-line message."""
@@ -66,7 +68,24 @@ class SparkUnavailableError(IvmError):
     exit_code = 8
 
 
+#: a JVM exception's class before its message (``org.apache.spark.SparkException: ``)
+_JVM_CLASS = re.compile(r"(?:[\w$]+\.)+[\w$]*(?:Exception|Error): ")
+
+
 def one_line(error: BaseException) -> str:
-    """The first line of an error's message (what the catalog records for a failed run)."""
-    text = str(error)
-    return text.splitlines()[0] if text else type(error).__name__
+    """The first line of an error's message (what the catalog records for a failed run). A JVM error that
+    py4j passes as it is ("An error occurred while calling o230.collectToPython." over the Java one) is
+    named by its innermost cause on its first line: a failed task's error, past "Job aborted due to stage
+    failure: ... (executor driver):" — ``[UNABLE_TO_ACQUIRE_MEMORY] Unable to acquire 262144 bytes...``."""
+    lines = [line.strip(" :") for line in str(error).splitlines() if line.strip(" :")]
+    if not lines:
+        return type(error).__name__
+    if lines[0].startswith("An error occurred while calling") and len(lines) > 1:
+        causes = [c for c in _JVM_CLASS.split(lines[1]) if c.strip()]
+        return causes[-1].strip() if causes else lines[1]
+    return lines[0]
+
+
+def out_of_memory(error: BaseException) -> bool:
+    """Whether a Spark failure is the JVM's heap or Spark's memory manager running out."""
+    return any(s in str(error) for s in ("UNABLE_TO_ACQUIRE_MEMORY", "OutOfMemoryError", "SparkOutOfMemoryError"))

@@ -135,6 +135,19 @@ def test_a_bad_change_refused_by_a_refresh_on_local_spark(applied):
     assert "incubator" in driver_log(applied)[len(before):]  # (the JVM did start, and said so there)
 
 
+def test_a_failure_inside_spark_is_its_cause_in_one_line(root):
+    """What Spark itself refuses at a refresh (here ANSI SQL's CAST of 'ada' to INT, a view the user's data
+    does not fit) ends in one line naming Spark's cause, not a py4j trace; nothing is published."""
+    (root / "ivm.yaml").write_text(PROJECT.replace(
+        "views:\n", "views:\n  as_number: {sql: \"SELECT id, CAST(customer AS INT) AS n FROM orders\"}\n"))
+    (root / "orders.csv").write_text("id,customer,amount\n1,ada,10.0\n")
+    for argv in (["apply"], ["load", "orders", "orders.csv"]):
+        assert ivm(root, *argv).returncode == 0
+    line = one_line(ivm(root, "refresh", "as_number"), 1)
+    assert "refresh: Spark failed: " in line and "CAST_INVALID_INPUT" in line and "'ada'" in line, line
+    assert "Traceback" not in line and "py4j" not in line
+
+
 def test_a_reader_that_leaves_early(root):
     proc = subprocess.Popen([str(BIN / "ivm"), "--project", str(root / "ivm.yaml"), "--help"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=root)

@@ -21,6 +21,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
+from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -295,8 +296,12 @@ def load_snapshot(spark: Callable[[], SparkSession], catalog: Catalog, warehouse
 
 def _load_spark(spark: SparkSession, warehouse: Warehouse, name: str, table: TableConfig, path: str, run_id: str,
                 target_file_mb: int) -> tuple[int, WrittenLayer]:
-    """`load_snapshot` read, checked and written by Spark: (rows, the base layer)."""
-    rows = read_snapshot(spark, name, table, path).cache()
+    """`load_snapshot` read, checked and written by Spark: (rows, the base layer). The rows read are kept
+    for the three passes on local disk, not in memory: a snapshot is as large as the table, and caching it
+    in memory (Spark's default level) took the memory the key check's aggregation needs — SF 10's lineitem
+    (60M rows) failed with UNABLE_TO_ACQUIRE_MEMORY in a 4g driver, its partitions unrolled in memory
+    before they spilled."""
+    rows = read_snapshot(spark, name, table, path).persist(StorageLevel.DISK_ONLY)
     try:
         stats = rows.agg(F.count(F.lit(1)).alias("rows"), F.count(BAD).alias("bad")).collect()[0]
         if stats.bad:
