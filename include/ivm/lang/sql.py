@@ -481,11 +481,10 @@ class SqlCompiler:
     def _semijoin(self, *inners: _Block) -> tuple[str, list[str], bool]:
         """A set predicate of the inner blocks' correlated columns (a rule each: their union), the outer
         variables they pair with — what EXISTS and an outer join's partner test join with — and whether
-        that join is NULL-safe. It is where a condition was read through a probe of the outer bindings: the
-        probe holds an outer row's NULL as it is, and a condition that holds there (``s.c > coalesce(r.a,
-        1)``) gives the predicate a row with that NULL, which only a NULL-safe join meets (a condition NULL
-        there gives none, so the join is the same for the others); the plain equalities' inner columns are
-        then kept from NULL, so that they still meet no NULL."""
+        that join is NULL-safe. It is where a condition read through a probe of the outer bindings may hold
+        for an outer NULL (``s.c > coalesce(r.a, 1)``; `_probe` marks it): the probe holds that NULL as it
+        is, the predicate a row with it, which only a NULL-safe join meets; the plain equalities' inner
+        columns are then kept from NULL, so that they still meet no NULL."""
         outer = [o for o, _ in inners[0].correlations]
         if any([o for o, _ in b.correlations] != outer for b in inners):  # (one ON read alike in each block)
             raise RuntimeError(f"views.{self.view}: the blocks of an outer join correlate differently")
