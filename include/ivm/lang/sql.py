@@ -621,10 +621,19 @@ class SqlCompiler:
     def _probe(self, residual: list[exp.Expression], inner: _Block, block: _Block) -> None:
         outer_vars = list(dict.fromkeys(self._var(col, block) for c in residual for col in c.find_all(exp.Column)
                                         if self._var(col, inner) is None and self._var(col, block) is not None))
-        probe = self._aux([f"k{i}" for i in range(len(outer_vars))], "set", "exists")
-        self._add_rule(Rule(Atom(probe.name, tuple(Var(v) for v in outer_vars)), tuple(block.body)), block)
+        # the probe holds the outer columns the equalities correlate too, each joined with its inner column:
+        # the outer rows' pairs of them, so that the inner rows are compared only with the values of their
+        # own outer rows (TPC-H Q21's `l2.l_orderkey = l1.l_orderkey AND l2.l_suppkey <> l1.l_suppkey`: the
+        # line items of each order against that order's suppliers, not every line item against every
+        # supplier — at SF 1 that was billions of pairs, the spill filling the disk). The same rows: an
+        # inner row meets an outer one only with the outer row's values, which its probe row holds
+        equal = [(o, i) for o, i in inner.correlations if o not in outer_vars]
+        probe = self._aux([f"k{i}" for i in range(len(outer_vars) + len(equal))], "set", "exists")
+        self._add_rule(Rule(Atom(probe.name, tuple(Var(v) for v in [*outer_vars, *(o for o, _ in equal)])),
+                            tuple(block.body)), block)
         mine = {v: self._fresh("probe") for v in outer_vars}
-        inner.body.append(Literal(Atom(probe.name, tuple(Var(mine[v]) for v in outer_vars))))
+        inner.body.append(Literal(Atom(probe.name, (*(Var(mine[v]) for v in outer_vars),
+                                                    *(Var(i) for _, i in equal)))))
 
         def swap(n: exp.Expression) -> exp.Expression:
             if isinstance(n, exp.Column):
