@@ -88,4 +88,4 @@ def one_line(error: BaseException) -> str:
 
 def out_of_memory(error: BaseException) -> bool:
     """Whether a Spark failure is the JVM's heap or Spark's memory manager running out."""
-    return any(s in str(error) for s in ("UNABLE_TO_ACQUIRE_MEMORY", "OutOfMemoryError", "SparkOutOfMemoryError"))
+    return any(s in str(error) for s in ("UNABLE_TO_ACQUIRE_MEMORY", "OutOfMemoryError"))

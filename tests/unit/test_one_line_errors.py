@@ -137,7 +137,7 @@ def test_a_bad_change_refused_by_a_refresh_on_local_spark(applied):
 
 def test_a_failure_inside_spark_is_its_cause_in_one_line(root):
     """What Spark itself refuses at a refresh (here ANSI SQL's CAST of 'ada' to INT, a view the user's data
-    does not fit) ends in one line naming Spark's cause, not a py4j trace; nothing is published."""
+    does not fit) ends in one line naming Spark's cause, not a py4j trace."""
     (root / "ivm.yaml").write_text(PROJECT.replace(
         "views:\n", "views:\n  as_number: {sql: \"SELECT id, CAST(customer AS INT) AS n FROM orders\"}\n"))
     (root / "orders.csv").write_text("id,customer,amount\n1,ada,10.0\n")
