@@ -64,8 +64,8 @@ from ivm.lang.allowlist import Refused, scalar_subquery
 
 #: operators whose value is NULL when an operand is: where the subquery's value over no rows is NULL and it
 #: is an operand of one of these comparisons in a conjunct of WHERE, a missing group drops the row
-COMPARISONS = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE)
-STRICT = (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Mod, exp.Neg, exp.Paren, exp.Cast)
+_COMPARISONS = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE)
+_STRICT = (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Mod, exp.Neg, exp.Paren, exp.Cast)
 
 
 def null_rejecting(column: exp.Expression, top: exp.Expression) -> bool:
@@ -73,7 +73,7 @@ def null_rejecting(column: exp.Expression, top: exp.Expression) -> bool:
     comparisons and arithmetic only, each NULL when an operand is (under OR, COALESCE, IS NULL, a CASE or
     a function a NULL there may still make it hold, so it is not)."""
     node = column
-    while node is not top and isinstance(node.parent, (*COMPARISONS, *STRICT)):
+    while node is not top and isinstance(node.parent, (*_COMPARISONS, *_STRICT)):
         node = node.parent
     return node is top
 
@@ -93,8 +93,8 @@ def _null(node: exp.Expression) -> bool:
     """Whether ``node`` is NULL for sure (NULL, or arithmetic over a NULL)."""
     if isinstance(node, exp.Null):
         return True
-    return isinstance(node, STRICT) and any(_null(child) for child in node.iter_expressions()
-                                             if not isinstance(child, exp.DataType))
+    return isinstance(node, _STRICT) and any(_null(child) for child in node.iter_expressions()
+                                              if not isinstance(child, exp.DataType))
 
 
 def conjuncts(node: exp.Expression | None) -> list[exp.Expression]:
@@ -156,7 +156,7 @@ def _decorrelate(sq: exp.Subquery, name: str, view: str) -> None:
     if pairs:
         inner.set("group", exp.Group(expressions=[e.copy() for e, _ in pairs]))
     on = [exp.column(f"k{i}", table=name).eq(c.copy()) for i, (_, c) in enumerate(pairs)]
-    strict = _null(empty) and isinstance(sq.parent, COMPARISONS) and _in_conjuncts(sq.parent, outer.args.get("where"))
+    strict = _null(empty) and isinstance(sq.parent, _COMPARISONS) and _in_conjuncts(sq.parent, outer.args.get("where"))
     in_aggregate = isinstance(sq.find_ancestor(exp.AggFunc, exp.Select), exp.AggFunc)
     column = exp.column("v", table=name)
     if not pairs or strict:  # exactly one row (uncorrelated), or a missing group drops the row anyway

@@ -619,8 +619,9 @@ class SqlCompiler:
             self._probe(residual, inner, block)
 
     def _probe(self, residual: list[exp.Expression], inner: _Block, block: _Block) -> None:
-        outer_vars = list(dict.fromkeys(self._var(col, block) for c in residual for col in c.find_all(exp.Column)
-                                        if self._var(col, inner) is None and self._var(col, block) is not None))
+        outer_cols = [(c, col) for c in residual for col in c.find_all(exp.Column)
+                      if self._var(col, inner) is None and self._var(col, block) is not None]
+        outer_vars = list(dict.fromkeys(self._var(col, block) for _, col in outer_cols))
         # the probe holds the outer columns the equalities correlate too, each joined with its inner column:
         # the outer rows' pairs of them, so that the inner rows are compared only with the values of their
         # own outer rows (TPC-H Q21's `l2.l_orderkey = l1.l_orderkey AND l2.l_suppkey <> l1.l_suppkey`: the
@@ -646,8 +647,7 @@ class SqlCompiler:
         inner.correlations += [(v, mine[v]) for v in outer_vars]
         # (where each outer column's NULL makes its condition fail, the probe's NULLs find no rows and the
         # join by equality is the same as the NULL-safe one; only the others are read NULL-safe)
-        if any(not scalar_subqueries.null_rejecting(col, c) for c in residual for col in c.find_all(exp.Column)
-               if self._var(col, inner) is None):
+        if not all(scalar_subqueries.null_rejecting(col, c) for c, col in outer_cols):
             inner.probed |= set(mine.values())
 
     def _any(self, c: exp.Expression, block: _Block) -> None:
