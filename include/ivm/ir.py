@@ -343,6 +343,34 @@ class Program:
         p = self.predicates[pred]
         return p.owner or p.name
 
+    def origins(self, pred: str, column: str, seen: frozenset[str] = frozenset()) -> set[tuple[str, str]]:
+        """The base tables' columns whose values ``column`` of ``pred`` holds as they are — each (table,
+        column) that binds the variable a rule puts there, through the positive atoms and GROUP BY groups of
+        its body and, in turn, theirs — in every rule of ``pred``; empty where a rule computes the column or
+        binds it otherwise (an assignment, a setof, an unnested element) or the rules recurse. An equality
+        is a shared variable, so Q3's ``l_orderkey`` is both ``lineitem.l_orderkey`` and ``orders.o_orderkey``."""
+        p = self.predicates[pred]
+        if p.kind is Kind.BASE:
+            return {(pred, column)}
+        if pred in seen:
+            return set()
+        found: set[tuple[str, str]] = set()
+        for rule in self.rules_for(pred):
+            arg = rule.head.args[p.columns.index(column)]
+            if not isinstance(arg, Var):
+                return set()
+            here = set()
+            for item in rule.body:
+                atom = item.atom if isinstance(item, Literal) and not item.negated else \
+                    item.atom if isinstance(item, GroupBy) and arg in item.by else None
+                for i, a in enumerate(atom.args if atom is not None else ()):
+                    if a == arg:
+                        here |= self.origins(atom.pred, self.predicates[atom.pred].columns[i], seen | {pred})
+            if not here:
+                return set()
+            found |= here
+        return found
+
 
 #: aggregates kept from per-group sums (000 §6.2), and those kept per (group, value) under DISTINCT
 VARIANCES = {"var_samp", "var_pop", "variance", "stddev", "stddev_samp", "stddev_pop", "std"}

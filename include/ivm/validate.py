@@ -13,7 +13,10 @@ filter on the key columns' hash (in the sampled range, or one of the touched key
 pushes it below projections, through joins to the side that has the key columns, and below
 aggregates when the keys are the grouping columns (PushPredicateThroughNonJoin and its join
 counterpart), down to the scans; where it cannot (a recursive view's fixpoint), the view is
-recomputed and then filtered. An SQL view's sample is compared a second time with its own SQL text run
+recomputed and then filtered. A hash skips nothing in a scan, so a refresh samples a view larger than
+its sample on the values of a key column its tables are sorted by, where it has one (`value_sample`):
+an IN filter the Parquet reader skips row groups by, the recomputation reading the tables at the
+sampled keys only. An SQL view's sample is compared a second time with its own SQL text run
 by Spark SQL (`SqlText`): independent of ivm's compiled rules, so a mistake of the front end or of a
 rewrite, which the first comparison shares with maintenance, shows there.
 
@@ -40,6 +43,7 @@ import functools
 import hashlib
 import logging
 import math
+import random
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -48,7 +52,7 @@ from typing import TYPE_CHECKING
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import DoubleType, FloatType, StructType
+from pyspark.sql.types import DateType, DecimalType, DoubleType, FloatType, IntegralType, StringType, StructType
 
 from ivm.aggregates import used_by
 from ivm.config import COUNT_COLUMN
@@ -59,7 +63,18 @@ from ivm.lang.sql import union_in_recursion
 from ivm.spark import adaptive, side_session
 from ivm.storage import Scratch
 from ivm.vocabulary import Form, Outcome
-from ivm.zset import as_used, consolidate, expand, one_partition, restrict, small_change, union_all
+from ivm.zset import (
+    VALUES_ON_DRIVER,
+    as_used,
+    at_values,
+    consolidate,
+    expand,
+    one_partition,
+    quote,
+    restrict,
+    small_change,
+    union_all,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -249,7 +264,79 @@ def key_sample(keys: list[str], sample: int, rows_estimate: int, touched: DataFr
     return ks
 
 
-def compare(staged: DataFrame, expected: DataFrame, view: str, ks: KeySample, sample: int,
+@dataclass
+class ValueSample:
+    """A refresh's sample of a view whose key has a column a table's layers are sorted by (`value_sample`):
+    the rows whose ``keys[0]`` holds one of ``values`` — the run's ``touched`` values and a draw from the
+    state —, or NULL where ``nulls``. Its filter is an IN list with the values' ranges (`zset.at_values`),
+    which Catalyst carries through the recomputation's aggregates and, by the join's equalities, to every
+    table the column comes from, where the Parquet reader skips the row groups between the values."""
+
+    keys: list[str]
+    values: list
+    nulls: bool
+    touched: list = field(default_factory=list)
+
+    def restrict(self, df: DataFrame) -> DataFrame:
+        return at_values(df, self.keys[0], self.values, self.nulls)
+
+
+#: the key column types whose values `value_sample` carries in its filter (`zset.at_values`)
+_SAMPLED_TYPES = (IntegralType, StringType, DateType, DecimalType)
+
+
+def value_sample(ctx: RunContext, st: ViewState, keys: list[str], changed: dict[str, str], staged: DataFrame,
+                 sample: int, seed: int) -> ValueSample | None:
+    """A refresh's sample of a view larger than its sample, drawn on one key column whose values come from a
+    table's clustering column (`Program.origins`; base layers are sorted by it): the values the run's change
+    holds there — in the view's delta and in the changed tables' deltas at that column (read on the driver,
+    at most ``sample`` of them, the delta's first) — and about ``sample`` values drawn from the state by a
+    seeded hash of the column. None where no key column qualifies, the view is within its sample (the hash
+    sample then checks every key on both sides) or the driver cannot read a delta's values
+    (`Warehouse.distinct_values`).
+
+    Unlike the hash sample, which reads every table whole, its recomputation reads the tables at the sampled
+    values only; what it gives up is the recomputation's side of the uniform draw: a key missing from the
+    state that no change of this run touched is not looked for (`ivm validate` draws on both sides)."""
+    if st.rows <= sample:
+        return None
+    program, _ = ctx.program
+    schema = ctx.schema(st.view)
+    best: tuple[str, int] | None = None
+    for k in keys:
+        if not isinstance(schema[k].dataType, _SAMPLED_TYPES):
+            continue
+        sorted_by = sum(ctx.cluster_columns(t)[:1] == [c] for t, c in program.origins(st.view, k))
+        if sorted_by and (best is None or sorted_by > best[1]):
+            best = (k, sorted_by)
+    if best is None:
+        return None
+    column = best[0]
+    # the run's values: up to ``sample`` of the view delta's (where a wrong delta shows) and up to ``sample``
+    # of the changed tables' at the column (where a row the delta missed would be), a seeded draw of each
+    draw = random.Random(seed)
+    touched: list = []
+    nulls = False
+    for sources in [[([st.delta], column)] if st.delta else [],
+                    [([changed[t]], c) for t, c in sorted(program.origins(st.view, column)) if t in changed]]:
+        found: set = set()
+        for paths, c in sources:
+            values = ctx.warehouse.distinct_values(paths, c, limit=VALUES_ON_DRIVER)
+            if values is None:
+                return None
+            found.update(values[0])
+            nulls = nulls or values[1]
+        found -= set(touched)
+        touched += draw.sample(sorted(found), sample) if len(found) > sample else sorted(found)
+    c = F.col(quote(column))
+    hashed = F.pmod(F.xxhash64(c, F.lit(seed)), F.lit(BUCKETS)) < int(round(sample / st.rows * BUCKETS))
+    drawn = [r[0] for r in staged.select(c).where(hashed).distinct().limit(sample).collect()]
+    nulls = nulls or any(v is None for v in drawn)
+    values = sorted({*touched, *(v for v in drawn if v is not None)})
+    return ValueSample([column], values, nulls, touched)
+
+
+def compare(staged: DataFrame, expected: DataFrame, view: str, ks: KeySample | ValueSample, sample: int,
             tolerance: float = 0.0) -> Comparison:
     """Compare the consolidated Z-sets ``staged`` (the view's state) and ``expected`` (its
     recomputation, unrestricted) on the keys of ``ks``: one Spark job, its result on the driver, where
@@ -374,13 +461,17 @@ def negative_counts(ctx: RunContext, states: list[ViewState]) -> dict[str, str]:
 
 
 def check_views(ctx: RunContext, run_id: str, states: list[ViewState], tables: dict[str, list[str]],
-                sample: int | None = None, progress: Callable[[str], None] = lambda _: None) -> list[ViewCheck]:
+                sample: int | None = None, progress: Callable[[str], None] = lambda _: None,
+                changed: dict[str, str] | None = None) -> list[ViewCheck]:
     """Check each view's state: no negative counts among the tuples its delta changed, and (unless its
     sample is 0) its sampled comparison with the recomputation from ``tables`` (table -> the layers of
     its state at the same snapshot), validated by its Great Expectations suite. Each result goes to
     the catalog (ivm_validations) with the view's policy applied: failed, or warned under ``warn``.
-    ``sample`` overrides the views' ``validate.sample``. An error of the checking itself (not a
-    problem of the project, which stays an IvmError) is the view's problem, in one line."""
+    ``sample`` overrides the views' ``validate.sample``. ``changed`` (a refresh's: table -> the delta
+    layer its run wrote) lets a view's sample be drawn on a column the tables are sorted by
+    (`value_sample`); without it (`ivm validate`) every sample is the hash sample. An error of the
+    checking itself (not a problem of the project, which stays an IvmError) is the view's problem, in
+    one line."""
     from ivm.maintain.recompute import Evaluator
 
     program, strata = ctx.program
@@ -400,7 +491,7 @@ def check_views(ctx: RunContext, run_id: str, states: list[ViewState], tables: d
                          scratch=scratch, limits=ctx.max_iterations)
 
     sql = SqlText(ctx, tables, {st.view: st.paths for st in states})
-    sampled = functools.partial(_sampled, full=full, seed=seed, sql=sql)
+    sampled = functools.partial(_sampled, full=full, seed=seed, sql=sql, changed=changed or {})
     checks = []
     for st in states:
         started = time.perf_counter()
@@ -435,10 +526,11 @@ def check_views(ctx: RunContext, run_id: str, states: list[ViewState], tables: d
 
 
 def _sampled(ctx: RunContext, run_id: str, st: ViewState, check: ViewCheck, full: Callable, seed: int,
-             sql: SqlText) -> None:
+             sql: SqlText, changed: dict[str, str]) -> None:
     """A view's sampled comparison with the recomputation (``full()``: the evaluator over the tables'
     states; and, for an SQL view, its own SQL text: ``sql``) and its Great Expectations suite, into
-    ``check``."""
+    ``check``: on the values of a column the tables are sorted by where a refresh's change allows
+    (`value_sample`), else on the hash of its keys (`key_sample`)."""
     from ivm.expectations import run_suite
 
     program, _ = ctx.program
@@ -447,8 +539,10 @@ def _sampled(ctx: RunContext, run_id: str, st: ViewState, check: ViewCheck, full
     # (as the negative-count check, the comparison lists the layers' files anew: what is on disk)
     staged = _zset(ctx, ctx.spark, st.view, st.paths)
     keys = key_columns(program, st.view, config.key, floating(schema))
-    touched = ctx.warehouse.read_layers(ctx.spark, [st.delta], schema, reuse=False) if st.delta else None
-    ks = key_sample(keys, check.sample, st.rows, touched, seed)
+    ks = value_sample(ctx, st, keys, changed, staged, check.sample, seed) if changed else None
+    if ks is None:
+        touched = ctx.warehouse.read_layers(ctx.spark, [st.delta], schema, reuse=False) if st.delta else None
+        ks = key_sample(keys, check.sample, st.rows, touched, seed)
     expected = full().relation(st.view)
     if st.form == Form.PRESENCE:  # stored without counts: each tuple once
         expected = as_used(program.predicates[st.view], expected)
@@ -537,7 +631,7 @@ class SqlText:
                               for c, n in zip(rows.columns, names, strict=True)])
         return typed.groupBy(*[F.col(f"`{n}`") for n in names]).agg(F.count(F.lit(1)).alias(COUNT_COLUMN))
 
-    def compare(self, view: str, ks: KeySample, check: ViewCheck) -> None:
+    def compare(self, view: str, ks: KeySample | ValueSample, check: ViewCheck) -> None:
         """The sampled comparison of the view's state (as SQL sees it: its counts as used) with its SQL
         text, into ``check``."""
 

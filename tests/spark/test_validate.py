@@ -12,10 +12,11 @@ import pytest
 from pyspark.sql import functions as F
 
 from ivm import Project
+from ivm.cli import main
 from ivm.errors import ValidationError
 from ivm.maintain.recompute import Evaluator
 from ivm.refresh import begin, load_plan, maintain_stage, plan, publish_stage, trim_stage, validate_stage
-from ivm.validate import key_columns, key_sample
+from ivm.validate import ValueSample, key_columns, key_sample
 from tests.helpers import KV_TABLES as TABLES
 from tests.helpers import corrupt, lines, load_and_change, optimized_plan, stage_up_to_validate, views
 
@@ -74,8 +75,6 @@ def test_under_warn_the_run_publishes_and_is_flagged(make_project, tmp_path):
 
 
 def test_ivm_validate_checks_published_views(make_project, tmp_path, capsys):
-    from ivm.cli import main
-
     p = setup(make_project, tmp_path, "fail")
     path = str(tmp_path / "project" / "ivm.yaml")
     p.refresh()  # validated on the way: passes
@@ -109,6 +108,47 @@ def test_the_key_restriction_reaches_below_the_aggregate(make_project, tmp_path)
     hashed = [i for i, line in enumerate(tree) if "xxhash64" in line and "Filter" in line]
     assert aggregates and hashed and min(hashed) > max(aggregates) and "Relation" in tree[min(hashed) + 1], tree
     assert "a" in {r["k"] for r in plan.collect()}  # the touched key
+
+
+#: two tables sorted by their first column k (no key: base layers are sorted by all columns)
+SORTED = {"t": {"columns": {"k": "bigint", "v": "int"}}, "u": {"columns": {"k": "bigint", "w": "int"}}}
+
+
+def test_a_refresh_samples_a_large_view_on_the_values_its_change_holds(make_project, tmp_path):
+    """A view larger than its sample whose key has a column its tables are sorted by (joined's k, t's and u's)
+    is sampled by a refresh on that column's values (`value_sample`): those the run's change holds — in the
+    view's delta and in the tables' deltas — and a draw from the state. So a row the delta missed is found
+    though no delta of the view holds its key (t's change does), and the sample's IN filter reaches the
+    scans of both tables (Parquet skips the row groups between the values); `ivm validate` keeps the hash
+    sample."""
+    p = make_project(SORTED, views={"joined": {"sql": "SELECT t.k, t.v, u.w FROM t JOIN u ON t.k = u.k",
+                                               "validate": {"sample": 2}}})
+    p.load("t", lines(tmp_path / "t.jsonl", [(k, k % 7) for k in range(40)], cols=("k", "v")))
+    p.load("u", lines(tmp_path / "u.jsonl", [(k, 10 * k) for k in range(50)], cols=("k", "w")))
+    p.refresh()
+    p.append("t", lines(tmp_path / "c1.jsonl", [(45, 1)], "insert", cols=("k", "v")))
+    run_id = "missed"
+    begin(p.ctx, plan(p.ctx, run_id=run_id))
+    trim_stage(p.ctx, run_id)
+    maintain_stage(p.ctx, run_id)
+    plan_, _ = load_plan(p.ctx, run_id)
+    delta = next(w for w in plan_.views if w.view == "joined").layers["joined"]
+    schema = p.spark.read.parquet(delta.path).schema
+    p.spark.createDataFrame([], schema).write.mode("overwrite").parquet(delta.path)  # the delta missed (45, 1, 450)
+    with pytest.raises(ValidationError, match=r"^view joined: 1 of \d+ sampled rows differ from the recomputation: "
+                                              r"\(k=45, v=1, w=450\) has count 0, recomputed 1"):
+        validate_stage(p.ctx, run_id)
+    (check,) = p.catalog.validations(view="joined", run_id=run_id)
+    assert check.summary["keys"] == ["k"] and check.summary["touched"] == 1  # 45, from t's delta alone
+
+    program, strata = p.program
+    full = Evaluator(program, strata, {t: p.read_zset(t) for t in SORTED})
+    tree = optimized_plan(ValueSample(["k"], [3, 45], False).restrict(full.relation("joined")))
+    scans = [i for i, line in enumerate(tree) if "Relation" in line]
+    assert len(scans) == 2 and all("Filter" in tree[i - 1] and " IN (3,45)" in tree[i - 1] for i in scans), tree
+
+    assert main(["validate", "joined", "--sample", "2", "--project", str(tmp_path / "project" / "ivm.yaml")]) == 0
+    assert p.catalog.validations(view="joined", run_id=p.runs(1)[0].id)[0].summary["keys"] == ["k", "v", "w"]
 
 
 @pytest.mark.parametrize("limit", [None, 3], ids=["view-read-whole", "view-at-the-delta"])

@@ -313,3 +313,21 @@ def test_window_functions_are_a_groupby_on_their_partition_unnested():
     assert "<= 2" in str(view_rule)
     text = explain.explain(prog, strata, parse_project({"tables": TABLES, "views": views}), "top").to_text()
     assert "the partitions a change touches are recomputed" in text
+
+
+def test_the_table_columns_a_view_column_holds():
+    """`Program.origins`: through joins (a shared variable is every column it binds), GROUP BY groups and the
+    auxiliary predicates of subqueries, to the tables' columns; nothing for a computed column, an aggregate, a
+    column one rule of a UNION computes, or a recursive view's."""
+    prog, _ = program({
+        "per_flight": {"sql": "SELECT r.flight_id, f.miles + 1 AS m, count(*) AS n FROM res r JOIN flight f "
+                              "ON r.flight_id = f.flight_id GROUP BY r.flight_id, f.miles + 1"},
+        "seats": {"sql": "SELECT flight_id, seat FROM (SELECT flight_id, seat FROM res WHERE seat <> 'x') s"},
+        "both": {"sql": "SELECT flight_id, miles FROM flight UNION ALL SELECT flight_id, 0 FROM res"},
+        "reach": {"datalog": "reach(X, Y) :- link(X, Y).\nreach(X, Y) :- reach(X, Z), link(Z, Y)."}})
+    assert prog.origins("per_flight", "flight_id") == {("res", "flight_id"), ("flight", "flight_id")}
+    assert prog.origins("per_flight", "m") == set() and prog.origins("per_flight", "n") == set()
+    assert prog.origins("seats", "seat") == {("res", "seat")}
+    assert prog.origins("both", "flight_id") == {("flight", "flight_id"), ("res", "flight_id")}
+    assert prog.origins("both", "miles") == set()
+    assert prog.origins("reach", "x") == set()

@@ -69,7 +69,7 @@ def validate_stage(ctx: RunContext, run_id: str, progress: Progress = lambda _: 
     read = {t for w in p.views if w.mode is Mode.INCREMENTAL for t in w.upstream}  # (what the samples recompute)
     tables = {t: [path for path, _ in old_layers(ctx, p, t)] + ([deltas[t]] if t in deltas else [])
               for t in sorted(read)}
-    checks = check_views(ctx, run_id, states, tables, sample, progress)
+    checks = check_views(ctx, run_id, states, tables, sample, progress, changed=deltas)
     for c in checks:
         ctx.catalog.save_stage(run_id, StageRecord(StageName.VALIDATE, c.view, mode=Mode.INCREMENTAL,
                                                    status=RunStatus.STAGED,
