@@ -286,10 +286,13 @@ class Tables:
         return ", ".join(str(r[0]) for r in self.query(sql)) or "NULL"
 
 
-def round_of_changes(t: Tables, rng: random.Random, orders_per_side: int = 12) -> dict[str, list[str]]:
+def round_of_changes(t: Tables, rng: random.Random, orders_per_side: int = 12,
+                     moved_suppliers: int | None = None) -> dict[str, list[str]]:
     """One round's change files per table (RF1, RF2 and the updates; tests/spark/test_tpch.py's text says
     which rows and why): ``orders_per_side`` random orders deleted and as many copied as new ones, with
-    their line items, beside the orders the queries single out."""
+    their line items, beside the orders the queries single out. The suppliers moved between nations 2 and 3
+    are a third of nation 2's (one or two at SF 0.01, ~130 at SF 1: every line item of theirs changes
+    nation in Q5, Q7, Q8, Q9), or the lowest ``moved_suppliers`` of that third."""
     files: dict[str, list[str]] = {}
     q18 = [r[2] for r in t.query(QUERIES["q18"])]
     top = t.query(f"SELECT s_suppkey FROM ({QUERIES['q15']})")
@@ -327,8 +330,10 @@ def round_of_changes(t: Tables, rng: random.Random, orders_per_side: int = 12) -
     # a supplier of Q8's line items moves to BRAZIL (Q8's market share), another away from it
     supplier = t.keys(f"SELECT DISTINCT l_suppkey {Q8_LINES} ORDER BY hash(l_suppkey + {rng.randrange(1000)}) "
                       "LIMIT 1")
+    limit = "" if moved_suppliers is None else f" LIMIT {moved_suppliers}"
     files["supplier"] = [t.change("supplier", updated=(
-        f"s_suppkey IN ({supplier}) OR s_nationkey = 2 AND s_suppkey % 3 = {rng.randrange(3)}",
+        f"s_suppkey IN ({supplier}) OR s_suppkey IN (SELECT s_suppkey FROM supplier WHERE s_nationkey = 2 AND "
+        f"s_suppkey % 3 = {rng.randrange(3)} ORDER BY s_suppkey{limit})",
         "CASE WHEN s_nationkey = 2 THEN 3 ELSE 2 END AS s_nationkey"))]
     # Q2's current minimum rows get dearer (a delete of the current MIN), some other rows cheaper
     q2 = t.keys(f"SELECT p_partkey FROM ({QUERIES['q2']})")
