@@ -73,6 +73,7 @@ from ivm.zset import (
     quote,
     restrict,
     small_change,
+    sql_literal,
     union_all,
 )
 
@@ -289,15 +290,16 @@ def value_sample(ctx: RunContext, st: ViewState, keys: list[str], changed: dict[
                  sample: int, seed: int) -> ValueSample | None:
     """A refresh's sample of a view larger than its sample, drawn on one key column whose values come from a
     table's clustering column (`Program.origins`; base layers are sorted by it): the values the run's change
-    holds there — in the view's delta and in the changed tables' deltas at that column (read on the driver,
-    at most ``sample`` of them, the delta's first) — and about ``sample`` values drawn from the state by a
-    seeded hash of the column. None where no key column qualifies, the view is within its sample (the hash
-    sample then checks every key on both sides) or the driver cannot read a delta's values
-    (`Warehouse.distinct_values`).
+    holds there — up to ``sample`` from the view's delta and as many from the changed tables' deltas at that
+    column, read on the driver (a seeded draw where there are more) — and a block of about ``sample``
+    consecutive values of the state from a seeded start (`_block`). None where no key column qualifies, the
+    view is within its sample (the hash sample then checks every key on both sides) or the driver cannot read
+    a delta's values (`Warehouse.distinct_values`).
 
     Unlike the hash sample, which reads every table whole, its recomputation reads the tables at the sampled
-    values only; what it gives up is the recomputation's side of the uniform draw: a key missing from the
-    state that no change of this run touched is not looked for (`ivm validate` draws on both sides)."""
+    values only; what it gives up is the recomputation's side of the uniform draw — a key missing from the
+    state that no change of this run touched is not looked for (`ivm validate` draws on both sides) — and
+    the spread of a uniform draw: the state's part is one range of keys, another each run."""
     if st.rows <= sample:
         return None
     program, _ = ctx.program
@@ -328,12 +330,43 @@ def value_sample(ctx: RunContext, st: ViewState, keys: list[str], changed: dict[
             nulls = nulls or values[1]
         found -= set(touched)
         touched += draw.sample(sorted(found), sample) if len(found) > sample else sorted(found)
-    c = F.col(quote(column))
-    hashed = F.pmod(F.xxhash64(c, F.lit(seed)), F.lit(BUCKETS)) < int(round(sample / st.rows * BUCKETS))
-    drawn = [r[0] for r in staged.select(c).where(hashed).distinct().limit(sample).collect()]
+    drawn = _block(ctx, st, column, staged, sample, draw)
     nulls = nulls or any(v is None for v in drawn)
     values = sorted({*touched, *(v for v in drawn if v is not None)})
     return ValueSample([column], values, nulls, touched)
+
+
+def _block(ctx: RunContext, st: ViewState, column: str, staged: DataFrame, sample: int, draw: random.Random) -> list:
+    """About ``sample`` values of ``column`` in the state: the first ``sample`` from a seeded random start
+    between its lowest and highest value (the layers' Parquet statistics, no Spark job; the values below the
+    start make up the number where fewer lie above it), so they are one
+    range of the tables' sort order, whose row groups alone the recomputation reads (a block sample, as
+    TABLESAMPLE by blocks; values spread by a hash would leave no row group to skip); a string column, or
+    one without statistics, by a seeded hash of the column. One Spark job over the state either way."""
+    c = F.col(quote(column))
+    ranges = [ctx.warehouse.column_range(path, column) for path in st.paths]
+    start = None
+    if ranges and None not in ranges:
+        low, high = min(r[0] for r in ranges), max(r[1] for r in ranges)
+        share = draw.random() * max(0.0, 1.0 - sample / st.rows)
+        if isinstance(low, dt.date) and not isinstance(low, dt.datetime):
+            start = low + dt.timedelta(days=int((high - low).days * share))
+        elif isinstance(low, int) and not isinstance(low, bool):
+            start = low + int((high - low) * share)
+        elif isinstance(low, decimal.Decimal):
+            start = low + (high - low) * decimal.Decimal(repr(share))
+    if start is None:
+        hashed = F.pmod(F.xxhash64(c, F.lit(draw.randrange(1 << 31))), F.lit(BUCKETS)) < \
+            int(round(sample / st.rows * BUCKETS))
+        return [r[0] for r in staged.select(c).where(hashed).distinct().limit(sample).collect()]
+    # (from the start up, and as many below it for a start in a gap of the keys or near the highest: one job)
+    at = F.expr(sql_literal(start))
+    keys = staged.select(c).distinct()
+    up = keys.where(c >= at).orderBy(c).limit(sample)
+    down = keys.where(c < at).orderBy(c.desc()).limit(sample)
+    found = [r[0] for r in up.unionByName(down).collect()]
+    above = sorted(v for v in found if v >= start)
+    return above + sorted((v for v in found if v < start), reverse=True)[:max(0, sample - len(above))]
 
 
 def compare(staged: DataFrame, expected: DataFrame, view: str, ks: KeySample | ValueSample, sample: int,

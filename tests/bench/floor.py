@@ -118,7 +118,10 @@ class Floor:
             for kind in ("delete", "insert"):
                 values = pc.unique(head.filter(pc.equal(head["_change_type"], kind))[keys[0]]).to_pylist()
                 rows = log.where(F.col("_change_type") == kind).select(*columns)
-                stored = self._current(t).where(F.col(keys[0]).isin(values)).join(
+                # (the values as SQL text, parsed at once: PySpark's isin makes a py4j call per value — for
+                # 1,500 order keys, seconds on the driver before any job; ivm's trim writes its IN list so too)
+                listed = F.expr(f"{keys[0]} IN ({', '.join(map(str, values))})") if values else F.lit(False)
+                stored = self._current(t).where(listed).join(
                     F.broadcast(rows.select(*keys)), keys, "left_semi")
                 found = (rows.join(stored, columns, "left_anti") if kind == "delete"   # a delete of a row not there
                          else rows.join(stored.select(*keys), keys, "left_semi"))      # an insert of a stored key
