@@ -545,10 +545,17 @@ def inject(p: Project, run_id: str) -> None:
     bad.write.mode("append").parquet(delta.path)
 
 
-def stage_up_to_validate(p: Project, run_id: str) -> None:
+def staged_delta(p: Project, run_id: str, view: str):
+    """Plan, trim and maintain run ``run_id``; the delta layer it staged for ``view``."""
     begin(p.ctx, plan(p.ctx, run_id=run_id))
     trim_stage(p.ctx, run_id)
     maintain_stage(p.ctx, run_id)
+    staged, _ = load_plan(p.ctx, run_id)
+    return next(w for w in staged.views if w.view == view).layers[view]
+
+
+def stage_up_to_validate(p: Project, run_id: str) -> None:
+    staged_delta(p, run_id, "per_k")
     inject(p, run_id)
 
 

@@ -15,10 +15,10 @@ from ivm import Project
 from ivm.cli import main
 from ivm.errors import ValidationError
 from ivm.maintain.recompute import Evaluator
-from ivm.refresh import begin, load_plan, maintain_stage, plan, publish_stage, trim_stage, validate_stage
+from ivm.refresh import publish_stage, validate_stage
 from ivm.validate import ValueSample, key_columns, key_sample
 from tests.helpers import KV_TABLES as TABLES
-from tests.helpers import corrupt, lines, load_and_change, optimized_plan, stage_up_to_validate, views
+from tests.helpers import corrupt, lines, load_and_change, optimized_plan, stage_up_to_validate, staged_delta, views
 
 
 def setup(make_project, tmp_path, policy: str) -> Project:
@@ -128,11 +128,7 @@ def test_a_refresh_samples_a_large_view_on_the_values_its_change_holds(make_proj
     p.refresh()
     p.append("t", lines(tmp_path / "c1.jsonl", [(45, 1)], "insert", cols=("k", "v")))
     run_id = "missed"
-    begin(p.ctx, plan(p.ctx, run_id=run_id))
-    trim_stage(p.ctx, run_id)
-    maintain_stage(p.ctx, run_id)
-    plan_, _ = load_plan(p.ctx, run_id)
-    delta = next(w for w in plan_.views if w.view == "joined").layers["joined"]
+    delta = staged_delta(p, run_id, "joined")
     schema = p.spark.read.parquet(delta.path).schema
     p.spark.createDataFrame([], schema).write.mode("overwrite").parquet(delta.path)  # the delta missed (45, 1, 450)
     with pytest.raises(ValidationError, match=r"^view joined: 1 of \d+ sampled rows differ from the recomputation: "
@@ -166,11 +162,7 @@ def test_a_delta_deleting_what_is_not_there_fails_the_negative_count_check(make_
     before = p.catalog.state("per_k").version_id
     p.append("t", lines(tmp_path / "c1.jsonl", [("a", 9)], "insert", cols=("k", "v")))
     run_id = "negative"
-    begin(p.ctx, plan(p.ctx, run_id=run_id))
-    trim_stage(p.ctx, run_id)
-    maintain_stage(p.ctx, run_id)
-    staged, _ = load_plan(p.ctx, run_id)
-    delta = next(w for w in staged.views if w.view == "per_k").layers["per_k"]
+    delta = staged_delta(p, run_id, "per_k")
     bad = p.read_zset("per_k").where(F.col("k") == "b").withColumn("__count", F.lit(-2).cast("long"))
     bad.write.mode("append").parquet(delta.path)
     with pytest.raises(ValidationError, match=r'tuple \{"k":"b","n":1,"s":1\} would have count -1'):
