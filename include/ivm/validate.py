@@ -304,23 +304,18 @@ def value_sample(ctx: RunContext, st: ViewState, keys: list[str], changed: dict[
         return None
     program, _ = ctx.program
     schema = ctx.schema(st.view)
-    best: tuple[str, int] | None = None
-    for k in keys:
-        if not isinstance(schema[k].dataType, _SAMPLED_TYPES):
-            continue
-        sorted_by = sum(ctx.cluster_columns(t)[:1] == [c] for t, c in program.origins(st.view, k))
-        if sorted_by and (best is None or sorted_by > best[1]):
-            best = (k, sorted_by)
-    if best is None:
+    origins = {k: program.origins(st.view, k) for k in keys if isinstance(schema[k].dataType, _SAMPLED_TYPES)}
+    sorted_by = {k: sum(ctx.cluster_columns(t)[:1] == [c] for t, c in cols) for k, cols in origins.items()}
+    column = max(sorted_by, key=sorted_by.get, default=None)  # (the first key of the most tables)
+    if column is None or not sorted_by[column]:
         return None
-    column = best[0]
     # the run's values: up to ``sample`` of the view delta's (where a wrong delta shows) and up to ``sample``
     # of the changed tables' at the column (where a row the delta missed would be), a seeded draw of each
     draw = random.Random(seed)
     touched: list = []
     nulls = False
     for sources in [[([st.delta], column)] if st.delta else [],
-                    [([changed[t]], c) for t, c in sorted(program.origins(st.view, column)) if t in changed]]:
+                    [([changed[t]], c) for t, c in sorted(origins[column]) if t in changed]]:
         found: set = set()
         for paths, c in sources:
             values = ctx.warehouse.distinct_values(paths, c, limit=VALUES_ON_DRIVER)
@@ -356,9 +351,8 @@ def _block(ctx: RunContext, st: ViewState, column: str, staged: DataFrame, sampl
         elif isinstance(low, decimal.Decimal):
             start = low + (high - low) * decimal.Decimal(repr(share))
     if start is None:
-        hashed = F.pmod(F.xxhash64(c, F.lit(draw.randrange(1 << 31))), F.lit(BUCKETS)) < \
-            int(round(sample / st.rows * BUCKETS))
-        return [r[0] for r in staged.select(c).where(hashed).distinct().limit(sample).collect()]
+        hashed = KeySample([column], sample / st.rows, draw.randrange(1 << 31)).restrict(staged.select(c))
+        return [r[0] for r in hashed.distinct().limit(sample).collect()]
     # (from the start up, and as many below it for a start in a gap of the keys or near the highest: one job)
     at = F.expr(sql_literal(start))
     keys = staged.select(c).distinct()
