@@ -114,7 +114,7 @@ def check(project, state: dict[str, list[tuple]]) -> dict[str, dict]:
 
 
 @pytest.mark.e2e
-@STREAMS  # the whole library: one stream per run (about 5 minutes) keeps CI under 30
+@STREAMS  # the whole library: one stream per run (~13 minutes on an idle Connect server, ~20 in CI)
 @given(data=st.data())
 def test_counting_matches_full_recompute_and_duckdb(make_project, tmp_path_factory, data):
     drawn_stream(data)
