@@ -142,9 +142,8 @@ def test_a_refresh_samples_a_large_view_on_the_values_its_change_holds(make_proj
         validate_stage(p.ctx, run_id)
     (check,) = p.catalog.validations(view="joined", run_id=run_id)
     assert check.summary["keys"] == ["k"] and check.summary["touched"] == 1  # 45, from t's delta alone
-    # the state's part: about the sample's number of keys the view holds, besides the touched one
-    state = {r.k for r in p.read_zset("joined").collect()}
-    assert 1 <= check.summary["rows"] - 1 <= 2 and check.summary["rows"] <= len(state) + 1, check.summary
+    # the state's part (each key one row of the view): one or two keys drawn (sample 2) besides the touched one
+    assert 1 <= check.summary["rows"] - 1 <= 2, check.summary
 
     program, strata = p.program
     full = Evaluator(program, strata, {t: p.read_zset(t) for t in SORTED})
