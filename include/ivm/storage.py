@@ -121,12 +121,15 @@ class Warehouse:
             log.warning("could not read statistics of %s: %s", path, e)
             return None, None
 
-    def column_range(self, path: str, column: str) -> tuple | None:
-        """(min, max) of ``column`` over a written Parquet path, from the row groups' statistics in the
-        footers (no Spark job); None when some row group has none (or the files cannot be read)."""
+    def column_range(self, paths: str | Sequence[str], column: str) -> tuple | None:
+        """(min, max) of ``column`` over a written Parquet path, or over several together, from the row
+        groups' statistics in the footers (no Spark job): a path without rows (an empty delta layer) adds
+        no row group. None when some row group has no statistics, when there is no row group, or when the
+        files cannot be read."""
         lows, highs = [], []
+        footers = (f for path in ([paths] if isinstance(paths, str) else paths) for f in self._footers(path))
         try:
-            for _, meta in self._footers(path):
+            for _, meta in footers:
                 # the leaf column of that name (a nested column before it has several leaves)
                 index = next((i for i in range(meta.num_columns) if meta.schema.column(i).path == column), None)
                 for g in range(meta.num_row_groups):
@@ -136,7 +139,7 @@ class Warehouse:
                     lows.append(stats.min)
                     highs.append(stats.max)
         except OSError as e:
-            log.warning("could not read statistics of %s: %s", path, e)
+            log.warning("could not read statistics of %s: %s", paths, e)
             return None
         return (min(lows), max(highs)) if lows else None
 

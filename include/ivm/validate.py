@@ -339,12 +339,10 @@ def _block(ctx: RunContext, st: ViewState, column: str, staged: DataFrame, sampl
     TABLESAMPLE by blocks; values spread by a hash would leave no row group to skip); a string column, or
     one without statistics, by a seeded hash of the column. One Spark job over the state either way."""
     c = F.col(quote(column))
-    # (a layer without rows, an empty delta, bounds nothing: only the others' statistics count)
-    held = [path for path in st.paths if ctx.warehouse.parquet_stats(path)[0] != 0]
-    ranges = [ctx.warehouse.column_range(path, column) for path in held]
+    bounds = ctx.warehouse.column_range(st.paths, column)
     start = None
-    if ranges and None not in ranges:
-        low, high = min(r[0] for r in ranges), max(r[1] for r in ranges)
+    if bounds is not None:
+        low, high = bounds
         share = draw.random() * max(0.0, 1.0 - sample / st.rows)
         if isinstance(low, dt.date) and not isinstance(low, dt.datetime):
             start = low + dt.timedelta(days=int((high - low).days * share))
@@ -353,8 +351,8 @@ def _block(ctx: RunContext, st: ViewState, column: str, staged: DataFrame, sampl
         elif isinstance(low, decimal.Decimal):
             start = low + (high - low) * decimal.Decimal(repr(share))
     if start is None:  # (twice the share: a draw of a few keys seldom falls short of ``sample``)
-        share = min(1.0, 2 * sample / st.rows)
-        hashed = KeySample([column], share, draw.randrange(1 << 31)).restrict(staged.select(c))
+        fraction = min(1.0, 2 * sample / st.rows)
+        hashed = KeySample([column], fraction, draw.randrange(1 << 31)).restrict(staged.select(c))
         return [r[0] for r in hashed.distinct().limit(sample).collect()]
     # (from the start up, and as many below it for a start in a gap of the keys or near the highest: one job)
     at = F.expr(sql_literal(start))
