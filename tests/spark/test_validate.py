@@ -57,6 +57,8 @@ def test_injected_errors_are_caught_named_and_block_the_publish(make_project, tm
     assert Path(check.report_uri.removeprefix("file://")).is_file()  # its Data Docs page
     (joined,) = p.catalog.validations(view="joined", run_id=run_id)
     assert (joined.status, joined.mismatches) == ("passed", 0) and joined.sample_size > 0
+    # (one comparison where it passes — the view's SQL text; per_k's difference asked the compiled rules too)
+    assert (joined.summary["against"], check.summary["against"]) == (["sql"], ["rules", "sql"])
     with pytest.raises(ValidationError, match=f"run {run_id}: validation failed for per_k; nothing was published"):
         publish_stage(p.ctx, run_id)
     assert {v: p.catalog.state(v).version_id for v in before} == before
@@ -248,7 +250,9 @@ def test_a_front_end_mistake_is_caught_by_the_views_sql_text(make_project, tmp_p
     """ivm's compiled rules lose the view's WHERE (as a front-end bug would): maintenance and the
     recomputation from the same rules agree on the wrong rows, the view's own SQL text run by Spark SQL
     does not — the refresh is refused (#45, item 3). A Datalog view, or an SQL text Spark SQL cannot run
-    (UNION in a recursive CTE), is compared with the rules alone, and its check says so."""
+    (UNION in a recursive CTE), is compared with the rules alone, and its check says so. A view compared
+    with its text alone is one whose text sees every count its state holds: a set kept with derivation
+    counts (counting) is compared with the rules as well, a set stored by presence (004's reduce) is not."""
     import ivm.context
     from ivm.ir import Condition
 
@@ -266,7 +270,9 @@ def test_a_front_end_mistake_is_caught_by_the_views_sql_text(make_project, tmp_p
     p = make_project(TABLES, views={"big": {"sql": "SELECT k, v FROM t WHERE v > 2", "validate": {"sample": 100}},
                                     "loops": {"sql": reach, "validate": {"sample": 100}},
                                     "pairs": {"datalog": "pairs(K, W) :- t(K, _), u(K, W).",
-                                              "validate": {"sample": 100}}})
+                                              "validate": {"sample": 100}},
+                                    **{f"keys_{s}": {"sql": "SELECT DISTINCT k FROM t", "strategy": s,
+                                                     "validate": {"sample": 100}} for s in ("counting", "reduce")}})
     p.load("t", lines(tmp_path / "t.jsonl", [("a", 1), ("b", 3)], cols=("k", "v")))
     p.load("u", lines(tmp_path / "u.jsonl", [("a", 10)], cols=("k", "w")))
     p.refresh()  # (a first materialization: the wrong rules hold (a, 1) as well)
@@ -279,6 +285,10 @@ def test_a_front_end_mistake_is_caught_by_the_views_sql_text(make_project, tmp_p
     assert checks["big"].summary["sql"]["mismatches"] == 2  # (a, 1) and (c, 2): the WHERE's rows
     assert {m["row"]["k"] for m in checks["big"].summary["sql"]["examples"]} == {"a", "c"}
     assert checks["big"].summary["mismatches"] == []  # (the compiled rules agree with themselves)
+    against = {v: c.summary["against"] for v, c in checks.items()}
+    assert against == {"big": ["rules", "sql"], "pairs": ["rules"], "loops": ["rules"],
+                       "keys_counting": ["rules", "sql"], "keys_reduce": ["sql"]}
+    assert all(checks[v].status == "passed" for v in ("keys_counting", "keys_reduce"))
     assert checks["pairs"].status == "passed" and checks["pairs"].summary["sql"] is None  # (Datalog: its rules)
     assert checks["loops"].status == "passed"
     # (known from the text before Spark SQL's analysis is asked, which would log its error whole)
