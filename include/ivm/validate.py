@@ -590,9 +590,9 @@ def _sampled(ctx: RunContext, run_id: str, st: ViewState, check: ViewCheck, full
     # One comparison per view (the performance issue's item 4: each costs a recomputation at the sampled
     # keys): its SQL text where Spark SQL runs it and SQL sees every count the state holds; the compiled
     # rules where it does not, and beside a text that finds a difference (which side is wrong).
-    seen = program.predicates[st.view].semantics == "bag" or st.form == Form.PRESENCE
+    sql_sees_counts = program.predicates[st.view].semantics == "bag" or st.form == Form.PRESENCE
     q = sql.compare(st.view, ks, check) if config.sql is not None else None
-    if q is None or not seen or len(q.mismatches):
+    if q is None or not sql_sees_counts or len(q.mismatches):
         expected = full().relation(st.view)
         if st.form == Form.PRESENCE:  # stored without counts: each tuple once
             expected = as_used(program.predicates[st.view], expected)
