@@ -214,7 +214,7 @@ def cmd_validate(args) -> int:
     project = _open(args, views=args.views)
     checks = project.validate(args.views or None, sample=args.sample, progress=_out)
     if checks:
-        _out(tabulate([[c.view, c.status, len(c.sampled.rows) if c.sampled else 0, c.mismatches,
+        _out(tabulate([[c.view, c.status, c.rows, c.mismatches,
                         f"{sum(r['success'] for r in c.expectations)}/{len(c.expectations)}", c.report_uri or "",
                         f"{c.seconds:.2f}"] for c in checks],
                       headers=["view", "status", "rows sampled", "mismatches", "expectations met", "report",

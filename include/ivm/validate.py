@@ -435,6 +435,11 @@ class ViewCheck:
         text): its keys, its rows — what Great Expectations validates."""
         return self.comparison if self.comparison is not None else self.sql_comparison
 
+    @property
+    def rows(self) -> int:
+        """Rows of the sample's comparison (0: none was made)."""
+        return len(self.sampled.rows) if self.sampled is not None else 0
+
     def summary(self) -> dict:
         """What the catalog keeps of the check (ivm_validations.summary): ``against`` names what the sample
         was compared with, ``mismatches`` the rows that differ from the compiled rules, ``sql`` from the
@@ -442,7 +447,7 @@ class ViewCheck:
         c, q, s = self.comparison, self.sql_comparison, self.sampled
         return jsonable({"problem": self.problem, "sample": self.sample, "seconds": round(self.seconds, 3),
                          "keys": s.keys if s else [], "touched": s.touched if s else 0,
-                         "rows": len(s.rows) if s else 0, "truncated": s.truncated if s else False,
+                         "rows": self.rows, "truncated": s.truncated if s else False,
                          "against": [what for what, x in [("rules", c), ("sql", q)] if x is not None],
                          "mismatches": c.examples() if c else [],
                          "sql": ({"rows": len(q.rows), "mismatches": len(q.mismatches), "examples": q.examples()} if q
@@ -556,11 +561,11 @@ def check_views(ctx: RunContext, run_id: str, states: list[ViewState], tables: d
             check.status = Outcome.WARNED if config.validate_.policy == "warn" else Outcome.FAILED
         check.seconds = time.perf_counter() - started
         c = check.sampled
-        ctx.catalog.save_validation(run_id, st.view, len(c.rows) if c else 0, check.mismatches,
+        ctx.catalog.save_validation(run_id, st.view, check.rows, check.mismatches,
                                     check.status, check.report_uri, check.summary())
         met = f"{sum(r['success'] for r in check.expectations)}/{len(check.expectations)} expectations met"
         progress(f"validate: {st.view}: {check.status}"
-                 + (f", {len(c.rows)} sampled rows ({c.touched} touched keys) against the recomputation, {met}"
+                 + (f", {check.rows} sampled rows ({c.touched} touched keys) against the recomputation, {met}"
                     if c else f", a full recompute: {met} over its state" if st.recompute
                     else ", no sampled recomputation (sample 0)" if n == 0 else "")
                  + (f": {check.problem}" if check.problem else "") + f" ({check.seconds:.2f} s)")
@@ -597,14 +602,12 @@ def _sampled(ctx: RunContext, run_id: str, st: ViewState, check: ViewCheck, full
         if st.form == Form.PRESENCE:  # stored without counts: each tuple once
             expected = as_used(program.predicates[st.view], expected)
         check.comparison = compare(staged, expected, st.view, ks, check.sample, config.validate_.tolerance)
-    c = check.comparison
     suite = run_suite(ctx.warehouse.uri, run_id, st.view, check.sampled.rows, config.key)
     check.expectations, check.report_uri = [{**r, "on": "sample"} for r in suite.results], suite.report_uri
-    if (c is not None and len(c.mismatches)) or (q is not None and len(q.mismatches)):
-        check.problem = "; ".join(filter(None, [check.problem, c.describe() if c is not None and len(c.mismatches)
-                                                else None,
-                                                "against its SQL text (Spark SQL): " + q.describe()
-                                                if q is not None and len(q.mismatches) else None]))
+    differ = [what + x.describe() for what, x in [("", check.comparison), ("against its SQL text (Spark SQL): ", q)]
+              if x is not None and len(x.mismatches)]
+    if differ:
+        check.problem = "; ".join(filter(None, [check.problem, *differ]))
     else:
         _failed_expectations(check, suite.results)
 

@@ -73,7 +73,7 @@ def validate_stage(ctx: RunContext, run_id: str, progress: Progress = lambda _: 
     for c in checks:
         ctx.catalog.save_stage(run_id, StageRecord(StageName.VALIDATE, c.view, mode=Mode.INCREMENTAL,
                                                    status=RunStatus.STAGED,
-                                                   rows_in=len(c.sampled.rows) if c.sampled else 0,
+                                                   rows_in=c.rows,
                                                    seconds=round(c.seconds, 3),
                                                    detail={"outcome": c.status, "problem": c.problem,
                                                            "report": c.report_uri}))
