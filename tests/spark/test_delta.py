@@ -420,6 +420,48 @@ def test_a_trusted_feed_is_trimmed_without_the_stored_rows_and_still_refuses_wha
         p.refresh()
 
 
+def test_the_planner_weighs_each_commit_by_the_rows_its_change_data_feed_holds(spark, tmp_path):
+    """The planner reads a Delta source's change size from the commits' metrics before reading the feed
+    (`delta.change_rows`): for each kind of commit a pipeline makes — a MERGE that deletes a few rows of a
+    large file (and copies the rest), an upsert MERGE, UPDATE, DELETE, an append, an OPTIMIZE, an
+    overwrite, by Spark or by delta-rs — the estimate is the rows the feed holds for it, not the rows the
+    commit rewrote."""
+    from deltalake import write_deltalake
+
+    from ivm.changes import delta
+
+    where = str(tmp_path / "orders")
+    rows = [(i, "c", Decimal(i % 100), DAYS[i % 3]) for i in range(1, 2001)]
+    create(spark, Path(where), "orders", rows)
+    orders = f"delta.`{where}`"
+    spark.createDataFrame(rows[:5], DDL["orders"]).createOrReplaceTempView("gone")
+    spark.createDataFrame([(3000, "n", Decimal(1), DAYS[0]), (10, "u", Decimal(2), DAYS[1])],
+                          DDL["orders"]).createOrReplaceTempView("incoming")
+    commits = [
+        f"MERGE INTO {orders} t USING gone s ON t.id = s.id WHEN MATCHED THEN DELETE",
+        f"MERGE INTO {orders} t USING incoming s ON t.id = s.id WHEN MATCHED THEN UPDATE SET * "
+        "WHEN NOT MATCHED THEN INSERT *",
+        f"UPDATE {orders} SET amount = amount + 1 WHERE id BETWEEN 100 AND 102",
+        f"DELETE FROM {orders} WHERE id > 1990",
+        f"INSERT INTO {orders} VALUES (4000, 'a', 1.00, DATE'2026-11-01')",
+        f"OPTIMIZE {orders}",
+        f"INSERT OVERWRITE {orders} SELECT * FROM {orders} WHERE id < 50",
+        lambda: write_deltalake(where, DeltaTable(where).to_pyarrow_table().slice(0, 3), mode="append"),
+        lambda: DeltaTable(where).delete("id < 20"),
+        lambda: DeltaTable(where).update(updates={"cust": "'z'"}, predicate="id = 30"),
+        lambda: write_deltalake(where, DeltaTable(where).to_pyarrow_table().slice(0, 4), mode="overwrite"),
+    ]
+    total = 0
+    for i, change in enumerate(commits):
+        change() if callable(change) else spark.sql(change)
+        version = DeltaTable(where).version()
+        feed = (spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", version)
+                .option("endingVersion", version).load(where).count())
+        assert delta.change_rows(where, "orders", version - 1, version) == feed, f"commit {i}: {change}"
+        total += feed
+    assert delta.change_rows(where, "orders", 0, DeltaTable(where).version()) == total
+
+
 def test_a_crash_between_the_catalog_commit_and_a_views_delta_commit(make_project, spark, tmp_path, monkeypatch):
     """Kill point (#46, item 5): the sink stage dies after one view's Delta commit, before the next's.
     Readers through ivm see the catalog's one snapshot; `ivm snapshot` names the Delta versions that hold

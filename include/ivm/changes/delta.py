@@ -118,23 +118,48 @@ def rows_at(where: str, name: str, version: int) -> int:
     return int(sum(v or 0 for v in actions.column(column).to_pylist())) if column in actions.schema.names else 0
 
 
-#: the per-commit metrics that count the rows a commit changed (Delta's operationMetrics)
-_CHANGED = ("numOutputRows", "numDeletedRows", "numUpdatedRows", "numTargetRowsInserted", "numTargetRowsUpdated",
-            "numTargetRowsDeleted")
+#: Delta operations that rewrite files without changing a row: their commits hold no change data
+_NO_DATA_CHANGE = ("OPTIMIZE", "REORG", "VACUUM START", "VACUUM END")
+
+
+def feed_rows(operation: str, metrics: dict) -> int | None:
+    """The rows one commit puts in the change data feed, from its operation metrics (as Delta Lake's
+    Spark commands name them, ``numDeletedRows``, or delta-rs, ``num_deleted_rows``): each insert and
+    delete one, each update two (its pre- and postimage); the rows a DML command copied unchanged into
+    the files it rewrote are not changes (a MERGE that deletes 750 orders rewrites a file of a million:
+    its ``numOutputRows``). None for a commit that removed files without counting their rows (an
+    overwrite)."""
+    m = {k.replace("_", "").lower(): int(v or 0) for k, v in metrics.items() if str(v or 0).isdigit()}
+    n = lambda key: m.get(key, 0)  # noqa: E731
+    if operation in _NO_DATA_CHANGE:
+        return 0
+    if any(k in m for k in ("numtargetrowsinserted", "numtargetrowsdeleted", "numtargetrowsupdated")):  # MERGE
+        return n("numtargetrowsinserted") + n("numtargetrowsdeleted") + 2 * n("numtargetrowsupdated")
+    if "numdeletedrows" in m or "numupdatedrows" in m:  # DELETE, UPDATE
+        return n("numdeletedrows") + 2 * n("numupdatedrows")
+    if n("numremovedfiles"):  # an overwrite: the rows it removed were not counted
+        return None
+    return n("numoutputrows") + n("numaddedrows")  # an append (WRITE, STREAMING UPDATE, CREATE TABLE AS SELECT)
 
 
 def change_rows(where: str, name: str, after: int, upto: int) -> int:
-    """About how many rows the commits after Delta version ``after`` up to ``upto`` changed, from the
-    commits' metrics (an over-estimate where a commit rewrote rows it did not change): what the planner
-    weighs a change by before reading it."""
+    """About how many rows the change data feed holds for the commits after Delta version ``after`` up to
+    ``upto``, from the commits' metrics (`feed_rows`; an overwrite counted as removing every row the
+    table held before it, with the rows it wrote): what the planner weighs a change by before reading
+    it, and what a trim's progress line reports."""
     if upto <= after:
         return 0
     history = _table(where, name).history(upto - max(after, -1) + 1)
     total = 0
     for commit in history:
-        if after < int(commit.get("version", -1)) <= upto:
+        version = int(commit.get("version", -1))
+        if after < version <= upto:
             metrics = commit.get("operationMetrics") or {}
-            total += sum(int(metrics.get(k) or 0) for k in _CHANGED)
+            rows = feed_rows(str(commit.get("operation") or ""), metrics)
+            if rows is None:  # (the rows it wrote, and every row the table held before it)
+                rows = feed_rows("WRITE", {k: v for k, v in metrics.items() if "removed" not in k.lower()})
+                rows += rows_at(where, name, version - 1) if version else 0
+            total += rows
     return total
 
 
