@@ -242,6 +242,48 @@ def test_views_left_behind_catch_up_from_their_sources_feeds(make_project, spark
     assert_views(spark, p, sources)
 
 
+def test_a_source_created_anew_at_its_location_recomputes_the_views_that_read_it(make_project, spark, tmp_path):
+    """A Delta source deleted and written again at its location (its versions start over, its feed says
+    nothing of the old table): the next refresh recomputes every view that reads it and says why — the
+    new table behind the version ivm holds, or at it (another table id) — and each equals DuckDB's
+    result; a refresh of some of its readers only is refused, naming the others, nothing applied.
+    Before, a table behind ivm's version gave "nothing to refresh", and one at or past it was read from
+    ivm's version on: the old views, quietly."""
+    import shutil
+
+    p, sources = project_with_sources(make_project, spark, tmp_path, [(1, "ann", Decimal("60.00"), DAYS[0])],
+                                      [(DAYS[0], "click", 1.0)])
+    p.refresh()
+    for i in (2, 3, 4):
+        append_orders(spark, sources, [(i, "bob", Decimal(f"{10 * i + 50}.00"), DAYS[1])])
+    p.refresh()
+    assert_views(spark, p, sources)
+    shutil.rmtree(sources["orders"])  # the pipeline writes the table again from scratch: Delta version 0, 1
+    create(spark, Path(sources["orders"]), "orders", [(7, "cy", Decimal("70.00"), DAYS[2])])
+    append_orders(spark, sources, [(8, "dee", Decimal("80.00"), DAYS[2])])
+    with pytest.raises(ChangeDataError, match=r"^table orders: the Delta table at .* was created anew \(its newest "
+                                              r"version 1 is behind version 3, .*\); .* leaves out daily, per_cust: "
+                                              r"refresh them all \(`ivm refresh`, or `ivm refresh big daily "
+                                              r"per_cust`\)$"):
+        p.refresh(["big"])
+    assert sorted(r.id for r in p.read("big").collect()) == [1, 2, 3, 4]  # (nothing applied)
+    works = {w.view: w for w in p.refresh().views}
+    assert {v: w.mode for v, w in works.items()} == {"big": Mode.FULL, "per_cust": Mode.FULL, "daily": Mode.FULL}
+    assert "Delta source orders: the Delta table at" in works["big"].reason, works["big"].reason
+    assert_views(spark, p, sources)
+    append_orders(spark, sources, [(9, "eve", Decimal("90.00"), DAYS[0])])  # the new table goes on: maintained
+    assert {w.mode for w in p.refresh().views} == {Mode.INCREMENTAL}
+    assert_views(spark, p, sources)
+    # written anew up to the very version ivm holds (2): only the table id tells
+    shutil.rmtree(sources["orders"])
+    create(spark, Path(sources["orders"]), "orders", [(5, "fay", Decimal("55.00"), DAYS[1])])
+    for i in (6, 7):
+        append_orders(spark, sources, [(i, "gus", Decimal("66.00"), DAYS[1])])
+    works = {w.view: w for w in p.refresh().views}
+    assert {w.mode for w in works.values()} == {Mode.FULL} and "was created anew (table id" in works["daily"].reason
+    assert_views(spark, p, sources)
+
+
 def test_a_source_without_its_change_data_feed_is_refused_at_apply(make_project, spark, tmp_path):
     where = create(spark, tmp_path / "lake" / "orders", "orders", [(1, "ann", Decimal("5.00"), DAYS[0])], cdf=False)
     with pytest.raises(ConfigError, match=r"tables\.orders: the change data feed of Delta table .* is off; turn it on "

@@ -48,6 +48,9 @@ class TableDef(Base):
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     #: columns added after the table held data (ivm.evolution): change files may lack them (NULL)
     added_columns: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)
+    #: a Delta source's table id (its metaData id) as of the state ivm last published of it: a table at
+    #: the location with another id was created anew there (ivm.refresh.plan recomputes its readers)
+    source_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 class ViewDef(Base):

@@ -44,7 +44,7 @@ from ivm.vocabulary import Form, LayerKind, RelationKind, RunStatus, StageName
 log = logging.getLogger(__name__)
 
 #: the newest migration in `MIGRATIONS` (tests/unit/test_catalog.py checks it against Alembic's head)
-HEAD_REVISION = "0007"
+HEAD_REVISION = "0008"
 MIGRATIONS = Path(__file__).with_name("migrations")
 
 
@@ -627,7 +627,7 @@ class Catalog:
     def publish(self, run_id: str, changes: Sequence[PublishChange],
                 watermarks: dict[tuple[str, str], int], stages: Sequence[StageRecord] = (),
                 status: str = RunStatus.SUCCEEDED, consistent: dict[str, dict[tuple[str, str], int]] | None = None,
-                quarantined: Sequence[QuarantineRef] = ()) -> dict[str, int]:
+                quarantined: Sequence[QuarantineRef] = (), source_ids: dict[str, str] | None = None) -> dict[str, int]:
         """The commit point: new versions of every changed relation, watermarks, and the run's outcome,
         in one transaction. Returns the new version number of each relation.
 
@@ -635,7 +635,8 @@ class Catalog:
         of the relations whose watermarks match, once this run's are in, are recorded with the run (its
         ``publish`` stage), so a replay can later start from them (ivm.refresh). ``quarantined``: the
         commits the run's trims set aside under ``on_bad_change: quarantine``, recorded with it (a
-        run that fails sets none aside)."""
+        run that fails sets none aside). ``source_ids``: the table ids of the Delta sources whose state
+        the run published (`TableDef.source_id`)."""
         now = utcnow()
         published: dict[str, int] = {}
         with self.session() as s:
@@ -676,6 +677,8 @@ class Catalog:
                                     updated_at=now))
                 else:
                     wm.commit_version, wm.updated_at = commit_version, now
+            for table, source_id in (source_ids or {}).items():
+                s.get(TableDef, table).source_id = source_id
             for stage in stages:
                 s.add(RunStage(run_id=run_id, **stage.__dict__))
             for q in quarantined:

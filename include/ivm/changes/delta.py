@@ -111,6 +111,18 @@ def current_version(where: str, name: str) -> int:
     return _table(where, name).version()
 
 
+def table_id(where: str, name: str, version: int | None = None) -> str:
+    """The Delta table's id (its metaData id; as of ``version``): a table deleted at the location and
+    created anew, or replaced, has another, and its versions and change data feed start over."""
+    return _table(where, name, version).metadata().id
+
+
+def current(where: str, name: str) -> tuple[int, str]:
+    """The Delta table's newest version and its table id, from one read of its log (no JVM: delta-rs)."""
+    t = _table(where, name)
+    return t.version(), t.metadata().id
+
+
 def rows_at(where: str, name: str, version: int) -> int:
     """Rows of the table as of ``version``, from the statistics of its files (no data read)."""
     actions = _table(where, name, version).get_add_actions(flatten=True)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from ivm.catalog.store import LayerRef, aware, new_id
 from ivm.changes import cancel, delta
 from ivm.context import RunContext
-from ivm.errors import ConfigError, NotFoundError, RunError
+from ivm.errors import ChangeDataError, ConfigError, NotFoundError, RunError
 from ivm.lang import compile_project
 from ivm.maintain.counting import view_predicates
 from ivm.maintain.crossover import Estimate
@@ -52,6 +52,8 @@ class ViewFacts:
     form_switch: str | None = None
     #: the crossover's estimate (None: not asked: not auto, no changed input, or disabled)
     crossover: Estimate | None = None
+    #: a Delta source it reads was created anew at its location: which, and how it shows ("" when none)
+    replaced: str = ""
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,9 @@ RULES: tuple[RecomputeRule, ...] = (
                   lambda f: "the view is configured with mode: full" if f.configured is Mode.FULL else None),
     RecomputeRule("first", "it is materialized for the first time",
                   lambda f: None if f.materialized else "first materialization"),
+    RecomputeRule("replaced", "a Delta source it reads was created anew at its location (deleted and written again, "
+                              "or replaced): its versions and change data feed start over",
+                  lambda f: f.replaced or None),
     DEFINITION_CHANGED,
     RecomputeRule("missing", "a relation it stores is not materialized yet",
                   lambda f: f"{f.missing[0]} is not materialized yet" if f.missing else None),
@@ -116,16 +121,27 @@ def plan(ctx: RunContext, views: list[str] | None = None, mode: str = Mode.AUTO,
         return plan_replay(ctx, views or [], from_version, run_id)
     mode = Mode.parse(mode)
     catalog = ctx.catalog
-    snapshot = {name: _newest(ctx, name) for name in ctx.config.tables}
+    # each Delta source's newest version and table id (delta-rs), the other tables' newest commit versions
+    sources = {name: delta.current(where, name) for name in ctx.config.tables
+               if (where := ctx.source_location(name)) is not None}
+    snapshot = {name: delta.ivm_version(sources[name][0]) if name in sources
+                else catalog.last_commit_version(name) for name in ctx.config.tables}
     watermarks = catalog.watermarks()
     p = Plan(run_id or new_id("refresh-"), snapshot, mode=mode)
     # a refresh of some views trims only the tables they read: the other tables' readers keep their
     # deltas for their own next refresh
     read = {t for v in views for t in ctx.base_tables(v)} if views else set(snapshot)
+    defs = functools.cache(catalog.table_defs)
     for name, newest in snapshot.items():
         wm = watermarks.get((name, name), 0)
+        where = ctx.source_location(name)
+        if where is not None and wm and name in read:
+            replaced = _replaced(where, sources[name][1], defs()[name].source_id, wm, newest)
+            if replaced is not None:  # read from its first version, as at a first materialization: its
+                p.replaced[name] = replaced  # readers are recomputed from it as it is (no feed read)
+                p.tables.append(TableDelta(name, 0, newest, delta.rows_at(where, name, delta.delta_version(newest))))
+                continue
         if newest > wm and name in read:
-            where = ctx.source_location(name)
             if where is None:
                 aside = catalog.quarantined_versions(name)
                 live = _live_segments(catalog, name, wm, newest, aside)
@@ -140,7 +156,29 @@ def plan(ctx: RunContext, views: list[str] | None = None, mode: str = Mode.AUTO,
                         else delta.rows_at(where, name, delta.delta_version(newest)))
             p.tables.append(TableDelta(name, wm, newest, rows))
     p.views = _plan_views(ctx, p, views, mode, watermarks)
+    planned = {w.view for w in p.views}
+    for name, how in p.replaced.items():  # (a reader left out would go on from versions of the old table)
+        readers = [v for v in sorted(ctx.config.views) if name in ctx.base_tables(v)]
+        left = [v for v in readers if v not in planned]
+        if left:
+            raise ChangeDataError(f"table {name}: {how}; the views that read it are recomputed from it in one "
+                                  f"run, and this one leaves out {', '.join(left)}: refresh them all "
+                                  f"(`ivm refresh`, or `ivm refresh {' '.join(readers)}`)")
     return p
+
+
+def _replaced(where: str, now: str, recorded: str | None, wm: int, newest: int) -> str | None:
+    """How the Delta source at ``where`` (its table id ``now``) shows that it was created anew since ivm
+    published its state as of commit version ``wm`` (a newest version behind ``wm``, or a table id other
+    than the ``recorded`` one); None when it is the same table. Its change data feed then says nothing
+    of how the new table differs from the state ivm holds: the views that read it are recomputed."""
+    if newest < wm:
+        return (f"the Delta table at {where} was created anew (its newest version {delta.delta_version(newest)} is "
+                f"behind version {delta.delta_version(wm)}, which its state in ivm holds)")
+    if recorded is not None and now != recorded:
+        return (f"the Delta table at {where} was created anew (table id {now}, its state in ivm is of table "
+                f"{recorded})")
+    return None
 
 
 def view_crossover(ctx: RunContext, view: str, change_rows: int) -> Estimate:
@@ -187,14 +225,6 @@ def _cancels(ctx: RunContext, table: str, segments: list, after: int, upto: int,
     added = ctx.catalog.table_defs()[table].added_columns or []
     return cancel.cancels(ctx.warehouse, ctx.config.tables[table], segments, [x.path for x in layers], after, upto,
                           aside, added, sum(x.rows or 0 for x in layers))
-
-
-def _newest(ctx: RunContext, table: str) -> int:
-    """The table's newest commit version: of its log, or its Delta source's (as ivm counts it)."""
-    where = ctx.source_location(table)
-    if where is None:
-        return ctx.catalog.last_commit_version(table)
-    return delta.ivm_version(delta.current_version(where, table))
 
 
 def _closure(ctx: RunContext, wanted: list[str]) -> list[str]:
@@ -259,7 +289,8 @@ def _plan_views(ctx: RunContext, p: Plan, wanted: list[str] | None, mode: Mode,
             missed=missed if not isinstance(behind, CatchUp) else [], lost=behind if isinstance(behind, str) else "",
             form_switch=None if form == state.form else
             f"{choice.strategy} stores the view as {form}, its state holds {state.form} ({choice.reason})",
-            crossover=estimate)
+            crossover=estimate, replaced="; ".join(f"Delta source {t}: {p.replaced[t]}" for t in upstream
+                                                   if t in p.replaced))
         found = recompute_reason(facts)
         recursive = bool(strata.recursive_among(view_predicates(program, strata, view)))
         # (DRed follows a rule change from the view's published state only: one that also fell behind is

@@ -34,6 +34,7 @@ def publish_stage(ctx: RunContext, run_id: str, progress: Progress = lambda _: N
               if r.stage == StageName.VALIDATE and r.detail.get("outcome") == Outcome.FAILED]
     if failed:
         raise ValidationError(f"run {run_id}: validation failed for {failed[0]}; nothing was published")
+    source_ids: dict[str, str] = {}
     if p.replay:  # the tables are as published; every view's restored state, plus its delta, replaces it
         changes = [PublishChange(r, versions.get(r), [v.layers[r]] if r in v.layers else [], create=True,
                                  replace=v.mode is Mode.FULL, base=None if v.mode is Mode.FULL else
@@ -47,7 +48,9 @@ def publish_stage(ctx: RunContext, run_id: str, progress: Progress = lambda _: N
         for t in p.tables:  # a Delta source's state: the table as of the planned version, read where it is
             if (where := ctx.source_location(t.table)) is not None:
                 version = delta.delta_version(t.to_version)
-                layer = WrittenLayer(f"source-{t.table}-v{version}", t.table, delta.SOURCE,
+                source_ids[t.table] = delta.table_id(where, t.table, version)  # (which table that version is of)
+                # (named by the table id too: a table created anew at the location numbers its versions again)
+                layer = WrittenLayer(f"source-{t.table}-v{version}-{source_ids[t.table][:8]}", t.table, delta.SOURCE,
                                      delta.layer_path(where, version), delta.rows_at(where, t.table, version), None)
                 changes.append(PublishChange(t.table, versions[t.table], [layer], replace=True))
         for v in p.views:
@@ -66,7 +69,7 @@ def publish_stage(ctx: RunContext, run_id: str, progress: Progress = lambda _: N
             consistent |= dict.fromkeys(ctx.stored_relations(view), {(view, t): p.snapshot[t] for t in tables})
     status = RunStatus.SUCCEEDED if p.tables or p.views else RunStatus.NOOP
     ctx.catalog.publish(run_id, changes, watermarks, status=status, consistent=consistent,
-                        quarantined=[q for t in p.tables for q in t.quarantined])
+                        quarantined=[q for t in p.tables for q in t.quarantined], source_ids=source_ids)
     seconds = time.perf_counter() - started
     progress(f"publish: {len(changes)} new versions and {len(watermarks)} watermarks at one snapshot ({seconds:.2f} s)")
     ctx.warehouse.delete(ctx.warehouse.path("staging", run_id))  # set changes, fixpoint rounds

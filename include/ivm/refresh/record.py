@@ -197,6 +197,9 @@ class Plan:
     replay: Replay | None = None
     #: the tables left out because their changes cancel out ("t (commit versions 5..6)"; not recorded)
     cancelled: list[str] = field(default_factory=list)
+    #: the Delta sources created anew at their locations since their published state: table -> how
+    #: it shows (the views that read them are recomputed; not recorded: the views' modes are)
+    replaced: dict[str, str] = field(default_factory=dict)
 
     def record(self, versions: dict[str, int | None]) -> StageRecord:
         """The plan stage's record: the plan and the relation versions it read (publish checks that
