@@ -53,8 +53,10 @@ def test_the_rules_are_tried_in_order():
     found = recompute_reason(ViewFacts("v", definition_changed="", missing=["x"]))
     assert found is not None and found[0] is DEFINITION_CHANGED
     assert reason(crossover=Estimate(10, 1.0, 9.0, 3, False, "incremental")) is None
-    assert [r.name for r in RULES] == ["asked", "configured", "first", "definition", "missing", "missed", "form",
-                                       "crossover"]
+    found = recompute_reason(ViewFacts("v", definition_changed="", replaced="Delta source t: created anew"))
+    assert found is not None and found[0].name == "replaced"  # (not DRed across the definition: from the new table)
+    assert [r.name for r in RULES] == ["asked", "configured", "first", "replaced", "definition", "missing", "missed",
+                                       "form", "crossover"]
 
 
 def test_explain_says_the_planner_rules():
