@@ -25,7 +25,7 @@ with count 1) wherever it reads layers, and neither compaction nor garbage colle
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -111,36 +111,40 @@ def current_version(where: str, name: str) -> int:
     return _table(where, name).version()
 
 
-def table_id(where: str, name: str, version: int | None = None) -> str:
-    """The Delta table's id (its metaData id; as of ``version``): a table deleted at the location and
-    created anew, or replaced, has another, and its versions and change data feed start over."""
-    return _table(where, name, version).metadata().id
-
-
 def current(where: str, name: str) -> tuple[int, str]:
-    """The Delta table's newest version and its table id, from one read of its log (no JVM: delta-rs)."""
+    """The Delta table's newest version and its table id (`state_at`), from one read of its log (no JVM:
+    delta-rs)."""
     t = _table(where, name)
     return t.version(), t.metadata().id
 
 
-def rows_at(where: str, name: str, version: int) -> int:
-    """Rows of the table as of ``version``, from the statistics of its files (no data read)."""
-    actions = _table(where, name, version).get_add_actions(flatten=True)
+def state_at(where: str, name: str, version: int) -> tuple[int, str]:
+    """Rows of the table as of ``version``, from the statistics of its files (no data read), and its table
+    id (its metaData id), from one read of its log: a table deleted at the location and created anew, or
+    replaced, has another id, and its versions and change data feed start over."""
+    t = _table(where, name, version)
+    actions = t.get_add_actions(flatten=True)
     column = "num_records"
-    return int(sum(v or 0 for v in actions.column(column).to_pylist())) if column in actions.schema.names else 0
+    rows = int(sum(v or 0 for v in actions.column(column).to_pylist())) if column in actions.schema.names else 0
+    return rows, t.metadata().id
+
+
+def rows_at(where: str, name: str, version: int) -> int:
+    """Rows of the table as of ``version`` (`state_at`)."""
+    return state_at(where, name, version)[0]
 
 
 #: Delta operations that rewrite files without changing a row: their commits hold no change data
 _NO_DATA_CHANGE = ("OPTIMIZE", "REORG", "VACUUM START", "VACUUM END")
 
 
-def feed_rows(operation: str, metrics: dict) -> int | None:
+def feed_rows(operation: str, metrics: dict, rows_before: Callable[[], int]) -> int:
     """The rows one commit puts in the change data feed, from its operation metrics (as Delta Lake's
     Spark commands name them, ``numDeletedRows``, or delta-rs, ``num_deleted_rows``): each insert and
     delete one, each update two (its pre- and postimage); the rows a DML command copied unchanged into
     the files it rewrote are not changes (a MERGE that deletes 750 orders rewrites a file of a million:
-    its ``numOutputRows``). None for a commit that removed files without counting their rows (an
-    overwrite)."""
+    its ``numOutputRows``). A commit that removed files without counting their rows (an overwrite)
+    removed, as far as its metrics tell, every row the table held before it (``rows_before()``)."""
     m = {k.replace("_", "").lower(): int(v or 0) for k, v in metrics.items() if str(v or 0).isdigit()}
     n = lambda key: m.get(key, 0)  # noqa: E731
     if operation in _NO_DATA_CHANGE:
@@ -149,15 +153,13 @@ def feed_rows(operation: str, metrics: dict) -> int | None:
         return n("numtargetrowsinserted") + n("numtargetrowsdeleted") + 2 * n("numtargetrowsupdated")
     if "numdeletedrows" in m or "numupdatedrows" in m:  # DELETE, UPDATE
         return n("numdeletedrows") + 2 * n("numupdatedrows")
-    if n("numremovedfiles"):  # an overwrite: the rows it removed were not counted
-        return None
-    return n("numoutputrows") + n("numaddedrows")  # an append (WRITE, STREAMING UPDATE, CREATE TABLE AS SELECT)
+    written = n("numoutputrows") + n("numaddedrows")  # an append (WRITE, STREAMING UPDATE, CREATE TABLE AS SELECT)
+    return written + rows_before() if n("numremovedfiles") else written
 
 
 def change_rows(where: str, name: str, after: int, upto: int) -> int:
     """About how many rows the change data feed holds for the commits after Delta version ``after`` up to
-    ``upto``, from the commits' metrics (`feed_rows`; an overwrite counted as removing every row the
-    table held before it, with the rows it wrote): what the planner weighs a change by before reading
+    ``upto``, from the commits' metrics (`feed_rows`): what the planner weighs a change by before reading
     it, and what a trim's progress line reports."""
     if upto <= after:
         return 0
@@ -166,12 +168,8 @@ def change_rows(where: str, name: str, after: int, upto: int) -> int:
     for commit in history:
         version = int(commit.get("version", -1))
         if after < version <= upto:
-            metrics = commit.get("operationMetrics") or {}
-            rows = feed_rows(str(commit.get("operation") or ""), metrics)
-            if rows is None:  # (the rows it wrote, and every row the table held before it)
-                rows = feed_rows("WRITE", {k: v for k, v in metrics.items() if "removed" not in k.lower()})
-                rows += rows_at(where, name, version - 1) if version else 0
-            total += rows
+            total += feed_rows(str(commit.get("operation") or ""), commit.get("operationMetrics") or {},
+                               lambda v=version: rows_at(where, name, v - 1) if v else 0)
     return total
 
 

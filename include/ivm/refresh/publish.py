@@ -48,10 +48,10 @@ def publish_stage(ctx: RunContext, run_id: str, progress: Progress = lambda _: N
         for t in p.tables:  # a Delta source's state: the table as of the planned version, read where it is
             if (where := ctx.source_location(t.table)) is not None:
                 version = delta.delta_version(t.to_version)
-                source_ids[t.table] = delta.table_id(where, t.table, version)  # (which table that version is of)
+                rows, source_ids[t.table] = delta.state_at(where, t.table, version)  # (and which table it is of)
                 # (named by the table id too: a table created anew at the location numbers its versions again)
                 layer = WrittenLayer(f"source-{t.table}-v{version}-{source_ids[t.table][:8]}", t.table, delta.SOURCE,
-                                     delta.layer_path(where, version), delta.rows_at(where, t.table, version), None)
+                                     delta.layer_path(where, version), rows, None)
                 changes.append(PublishChange(t.table, versions[t.table], [layer], replace=True))
         for v in p.views:
             changes += [PublishChange(r, versions.get(r), [layer], replace=v.mode is Mode.FULL, create=True,
